@@ -1,0 +1,320 @@
+#pragma once
+// ThreadComm: ranks are threads of one process sharing memory (the embedded default
+// communicator). Collectives meet at a barrier, exchange buffer pointers, and then every
+// rank reads its peers' buffers directly: all_reduce is a reduce-scatter (rank r reduces
+// chunk r in place) followed by an all-gather of the reduced chunks. The reduction order
+// over ranks is fixed (rank 0, 1, ...), so every rank gets bit-identical results.
+//
+// Who calls what (CUB style): every collective must be called by all ranks of the
+// communicator in the same order with matching sizes; it blocks the calling host thread
+// until this rank's part is complete; the result is on every rank unless stated otherwise.
+// The `*_async` forms return a Work at once and run on this rank's communication thread
+// (in issue order, so sync and async calls can be mixed).
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <numeric>
+#include <span>
+#include <vector>
+
+#include "dsp/comm/detail/group.hpp"
+#include "dsp/comm/detail/worker.hpp"
+#include "dsp/comm/reduce_op.hpp"
+#include "dsp/comm/work.hpp"
+#include "dsp/core/dtype.hpp"
+#include "dsp/core/error.hpp"
+
+namespace dsp::comm {
+
+namespace detail {
+/// One rank's end of a Group; holds the algorithms. Copied into queued async tasks so that
+/// moving the ThreadComm handle never invalidates them.
+struct Endpoint {
+  std::shared_ptr<Group> group;
+  int rank = 0;
+
+  template <class T>
+  using Acc = decltype(to_accum(T{}));
+
+  void sync(const char* op) const { group->arrive_and_wait(rank, op); }
+  int size() const { return group->size; }
+
+  // Posts ptr and meta, meets every rank, and checks that meta[0] (an element count) agrees.
+  void post(const char* op, const void* ptr, std::vector<std::int64_t> meta, bool same_count = true) {
+    group->ptr[rank] = ptr;
+    group->meta[rank] = std::move(meta);
+    sync(op);
+    if (!same_count) return;
+    for (int q = 0; q < size(); ++q)
+      if (group->meta[q] != group->meta[0]) {
+        const std::string msg = ::dsp::detail::concat(op, ": ranks disagree on size/arguments (rank 0: ",
+                                                      group->meta[0].empty() ? -1 : group->meta[0][0],
+                                                      ", rank ", q, ": ",
+                                                      group->meta[q].empty() ? -1 : group->meta[q][0], ")");
+        sync(op);  // everybody has compared before anyone throws
+        throw CommError(msg);
+      }
+  }
+  template <class T>
+  const T* peer(int q) const { return static_cast<const T*>(group->ptr[q]); }
+
+  std::pair<std::int64_t, std::int64_t> chunk(std::int64_t n, int r) const {
+    const std::int64_t p = size();
+    return {n * r / p, n * (r + 1) / p};
+  }
+
+  template <class T>
+  void reduce_range(T* out, std::int64_t src_offset, std::int64_t begin, std::int64_t end, ReduceOp op) {
+    for (std::int64_t i = begin; i < end; ++i) {
+      Acc<T> a = to_accum(peer<T>(0)[src_offset + i]);
+      for (int q = 1; q < size(); ++q) a = detail::combine(op, a, to_accum(peer<T>(q)[src_offset + i]));
+      out[i] = from_accum<T>(a);
+    }
+  }
+
+  template <class T>
+  void all_reduce_impl(std::span<T> data, ReduceOp op) {
+    const auto n = static_cast<std::int64_t>(data.size());
+    post("all_reduce", data.data(), {n, static_cast<std::int64_t>(op)});
+    auto [b, e] = chunk(n, rank);
+    reduce_range(data.data(), 0, b, e, op);  // only this rank writes chunk r; peers read chunk q != r
+    sync("all_reduce");
+    for (int q = 0; q < size(); ++q) {
+      if (q == rank) continue;
+      auto [qb, qe] = chunk(n, q);
+      std::copy(peer<T>(q) + qb, peer<T>(q) + qe, data.data() + qb);
+    }
+    sync("all_reduce");
+  }
+
+  template <class T>
+  void reduce_scatter_impl(std::span<const T> in, std::span<T> out, ReduceOp op) {
+    const auto n = static_cast<std::int64_t>(out.size());
+    DSP_CHECK_AS(CommError, static_cast<std::int64_t>(in.size()) == n * size(), "reduce_scatter: input has ",
+                 in.size(), " elements, expected ", size(), " x ", n);
+    post("reduce_scatter", in.data(), {n, static_cast<std::int64_t>(op)});
+    std::vector<T> tmp(static_cast<std::size_t>(n));  // `out` may alias `in`
+    reduce_range(tmp.data() - 0, n * rank, 0, n, op);
+    sync("reduce_scatter");
+    std::copy(tmp.begin(), tmp.end(), out.begin());
+  }
+
+  template <class T>
+  void all_gather_impl(std::span<const T> in, std::span<T> out) {
+    const auto n = static_cast<std::int64_t>(in.size());
+    DSP_CHECK_AS(CommError, static_cast<std::int64_t>(out.size()) == n * size(), "all_gather: output has ",
+                 out.size(), " elements, expected ", size(), " x ", n);
+    post("all_gather", in.data(), {n});
+    for (int q = 0; q < size(); ++q)
+      if (peer<T>(q) != out.data() + n * q) std::copy(peer<T>(q), peer<T>(q) + n, out.data() + n * q);
+    sync("all_gather");
+  }
+
+  template <class T>
+  void broadcast_impl(std::span<T> data, int root) {
+    DSP_CHECK_AS(CommError, root >= 0 && root < size(), "broadcast: root ", root, " outside [0, ", size(), ")");
+    post("broadcast", data.data(), {static_cast<std::int64_t>(data.size()), root});
+    if (rank != root) std::copy(peer<T>(root), peer<T>(root) + data.size(), data.data());
+    sync("broadcast");
+  }
+
+  template <class T>
+  void send_impl(std::span<const T> data, int dst, int tag) {
+    DSP_CHECK_AS(CommError, dst >= 0 && dst < size() && dst != rank, "send: bad destination rank ", dst);
+    group->post_message(rank, dst, tag, data.data(), data.size_bytes());
+  }
+  template <class T>
+  void recv_impl(std::span<T> data, int src, int tag) {
+    DSP_CHECK_AS(CommError, src >= 0 && src < size() && src != rank, "recv: bad source rank ", src);
+    group->take_message(src, rank, tag, data.data(), data.size_bytes());
+  }
+
+  template <class T>
+  void all_to_all_v_impl(std::span<const T> in, const std::vector<std::int64_t>& send_counts, std::span<T> out,
+                         const std::vector<std::int64_t>& recv_counts) {
+    const int p = size();
+    DSP_CHECK_AS(CommError, static_cast<int>(send_counts.size()) == p && static_cast<int>(recv_counts.size()) == p,
+                 "all_to_all_v: counts must have one entry per rank (", p, ")");
+    DSP_CHECK_AS(CommError, std::accumulate(send_counts.begin(), send_counts.end(), std::int64_t{0}) ==
+                                static_cast<std::int64_t>(in.size()),
+                 "all_to_all_v: send counts do not sum to the input size ", in.size());
+    DSP_CHECK_AS(CommError, std::accumulate(recv_counts.begin(), recv_counts.end(), std::int64_t{0}) ==
+                                static_cast<std::int64_t>(out.size()),
+                 "all_to_all_v: recv counts do not sum to the output size ", out.size());
+    std::vector<std::int64_t> meta = send_counts;  // [send counts..., recv counts...]
+    meta.insert(meta.end(), recv_counts.begin(), recv_counts.end());
+    post("all_to_all_v", in.data(), std::move(meta), /*same_count=*/false);
+    // Every rank checks the whole count matrix, so either all ranks throw or none does.
+    for (int src = 0; src < p; ++src)
+      for (int dst = 0; dst < p; ++dst)
+        if (group->meta[src][dst] != group->meta[dst][p + src]) {
+          const std::string msg = ::dsp::detail::concat("all_to_all_v: rank ", src, " sends ", group->meta[src][dst],
+                                                        " elements to rank ", dst, ", which expects ",
+                                                        group->meta[dst][p + src]);
+          sync("all_to_all_v");
+          throw CommError(msg);
+        }
+    std::int64_t out_off = 0;
+    for (int q = 0; q < p; ++q) {
+      const auto& sc = group->meta[q];
+      const std::int64_t in_off = std::accumulate(sc.begin(), sc.begin() + rank, std::int64_t{0});
+      std::copy(peer<T>(q) + in_off, peer<T>(q) + in_off + sc[rank], out.data() + out_off);
+      out_off += recv_counts[q];
+    }
+    sync("all_to_all_v");
+  }
+
+  Endpoint split_impl(int color, int key) {
+    post("split", nullptr, {color, key}, /*same_count=*/false);
+    std::vector<int> members;  // old ranks with my colour, ordered by (key, old rank)
+    for (int q = 0; q < size(); ++q)
+      if (group->meta[q][0] == color) members.push_back(q);
+    std::stable_sort(members.begin(), members.end(),
+                     [&](int a, int b) { return group->meta[a][1] < group->meta[b][1]; });
+    const int leader = *std::min_element(members.begin(), members.end());
+    if (rank == leader)
+      group->objs[rank] = std::make_shared<detail::Group>(group->universe, static_cast<int>(members.size()));
+    sync("split");
+    auto g = group->objs[leader];
+    const int new_rank = static_cast<int>(std::find(members.begin(), members.end(), rank) - members.begin());
+    sync("split");
+    if (rank == leader) group->objs[rank].reset();
+    return {std::move(g), new_rank};
+  }
+
+};
+}  // namespace detail
+
+class ThreadComm {
+ public:
+  ThreadComm() = default;
+  ThreadComm(std::shared_ptr<detail::Group> group, int rank) : ep_{std::move(group), rank} {}
+  ThreadComm(ThreadComm&&) noexcept = default;
+  ThreadComm& operator=(ThreadComm&&) noexcept = default;
+  ThreadComm(const ThreadComm&) = delete;
+  ThreadComm& operator=(const ThreadComm&) = delete;
+
+  /// This rank's index in [0, size()).
+  int rank() const { return ep_.rank; }
+  /// Number of ranks in this communicator.
+  int size() const { return ep_.group ? ep_.group->size : 0; }
+  bool valid() const { return ep_.group != nullptr; }
+
+  /// In-place element-wise reduction of `data` over all ranks; every rank gets the result.
+  /// bf16 is accumulated in fp32 and rounded once. Throws CommError on a size mismatch.
+  template <class T>
+  void all_reduce(std::span<T> data, ReduceOp op = ReduceOp::Sum) {
+    run("all_reduce", [=, ep = ep_]() mutable { ep.all_reduce_impl(data, op); });
+  }
+  template <class T>
+  Work all_reduce_async(std::span<T> data, ReduceOp op = ReduceOp::Sum) {
+    return submit([=, ep = ep_]() mutable { ep.all_reduce_impl(data, op); });
+  }
+
+  /// out[i] = reduce over ranks q of in_q[rank*out.size() + i]; in.size() == size()*out.size().
+  template <class T>
+  void reduce_scatter(std::span<const T> in, std::span<T> out, ReduceOp op = ReduceOp::Sum) {
+    run("reduce_scatter", [=, ep = ep_]() mutable { ep.reduce_scatter_impl(in, out, op); });
+  }
+  template <class T>
+  Work reduce_scatter_async(std::span<const T> in, std::span<T> out, ReduceOp op = ReduceOp::Sum) {
+    return submit([=, ep = ep_]() mutable { ep.reduce_scatter_impl(in, out, op); });
+  }
+
+  /// out[q*in.size() + i] = in_q[i]; out.size() == size()*in.size(). `in` may alias its own
+  /// block of `out`.
+  template <class T>
+  void all_gather(std::span<const T> in, std::span<T> out) {
+    run("all_gather", [=, ep = ep_]() mutable { ep.all_gather_impl(in, out); });
+  }
+  template <class T>
+  Work all_gather_async(std::span<const T> in, std::span<T> out) {
+    return submit([=, ep = ep_]() mutable { ep.all_gather_impl(in, out); });
+  }
+
+  /// Copies root's `data` into every other rank's `data`.
+  template <class T>
+  void broadcast(std::span<T> data, int root) {
+    run("broadcast", [=, ep = ep_]() mutable { ep.broadcast_impl(data, root); });
+  }
+  template <class T>
+  Work broadcast_async(std::span<T> data, int root) {
+    return submit([=, ep = ep_]() mutable { ep.broadcast_impl(data, root); });
+  }
+
+  /// Sends data to rank dst (buffered: returns once copied). Matched by recv(src=rank(), tag).
+  template <class T>
+  void send(std::span<const T> data, int dst, int tag = 0) {
+    run("send", [=, ep = ep_]() mutable { ep.send_impl(data, dst, tag); });
+  }
+  template <class T>
+  Work send_async(std::span<const T> data, int dst, int tag = 0) {
+    return submit([=, ep = ep_]() mutable { ep.send_impl(data, dst, tag); });
+  }
+  /// Receives exactly data.size() elements from rank src; CommError when the sizes differ.
+  template <class T>
+  void recv(std::span<T> data, int src, int tag = 0) {
+    run("recv", [=, ep = ep_]() mutable { ep.recv_impl(data, src, tag); });
+  }
+  template <class T>
+  Work recv_async(std::span<T> data, int src, int tag = 0) {
+    return submit([=, ep = ep_]() mutable { ep.recv_impl(data, src, tag); });
+  }
+
+  /// Personalised exchange: this rank sends send_counts[q] elements (consecutive in `in`, in
+  /// rank order) to rank q and receives recv_counts[q] elements from rank q into `out` (in
+  /// rank order). Zero counts are allowed. Throws CommError when a peer's send count does
+  /// not match this rank's recv count.
+  template <class T>
+  void all_to_all_v(std::span<const T> in, std::vector<std::int64_t> send_counts, std::span<T> out,
+                    std::vector<std::int64_t> recv_counts) {
+    run("all_to_all_v", [=, ep = ep_]() mutable { ep.all_to_all_v_impl(in, send_counts, out, recv_counts); });
+  }
+  template <class T>
+  Work all_to_all_v_async(std::span<const T> in, std::vector<std::int64_t> send_counts, std::span<T> out,
+                          std::vector<std::int64_t> recv_counts) {
+    return submit([=, ep = ep_]() mutable { ep.all_to_all_v_impl(in, send_counts, out, recv_counts); });
+  }
+
+  /// Returns when every rank called barrier.
+  void barrier() {
+    run("barrier", [ep = ep_]() mutable { ep.sync("barrier"); });
+  }
+  Work barrier_async() {
+    return submit([ep = ep_]() mutable { ep.sync("barrier"); });
+  }
+
+  /// Collective: ranks with the same colour (>= 0) form a new communicator, ordered by
+  /// (key, old rank) as MPI_Comm_split.
+  ThreadComm split(int color, int key) {
+    DSP_CHECK_AS(CommError, color >= 0, "split: colour must be >= 0, got ", color);
+    ThreadComm result;
+    run("split", [&] {
+      auto e = ep_.split_impl(color, key);
+      result = ThreadComm(std::move(e.group), e.rank);
+    });
+    return result;
+  }
+
+ private:
+  void require_valid() const { DSP_CHECK_AS(CommError, ep_.group != nullptr, "use of an empty ThreadComm"); }
+
+  // Runs fn on the calling thread, or after the queued async work when there is some.
+  void run(const char*, const std::function<void()>& fn) {
+    require_valid();
+    if (worker_ && worker_->pending() > 0) return worker_->submit(fn).wait();
+    fn();
+  }
+  Work submit(std::function<void()> fn) {
+    require_valid();
+    if (!worker_) worker_ = std::make_shared<detail::Worker>();
+    return worker_->submit(std::move(fn));
+  }
+  detail::Endpoint ep_;
+  std::shared_ptr<detail::Worker> worker_;
+};
+
+}  // namespace dsp::comm

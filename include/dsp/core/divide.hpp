@@ -1,0 +1,25 @@
+#pragma once
+// Checked integer division, as Megatron-Core's `divide`: sizes that must split evenly.
+#include <cstdint>
+#include <string_view>
+
+#include "dsp/core/error.hpp"
+
+namespace dsp {
+
+/// numerator / denominator; throws ConfigError naming both numbers (and what they are) when
+/// the division is not exact or the denominator is not positive.
+inline std::int64_t divide(std::int64_t numerator, std::int64_t denominator,
+                           std::string_view what = "value") {
+  DSP_CHECK_AS(ConfigError, denominator > 0, what, ": divisor must be positive, got ", denominator);
+  DSP_CHECK_AS(ConfigError, numerator % denominator == 0, what, " (", numerator,
+               ") is not divisible by ", denominator);
+  return numerator / denominator;
+}
+
+/// Smallest multiple of `multiple` that is >= value.
+inline std::int64_t round_up(std::int64_t value, std::int64_t multiple) {
+  return (value + multiple - 1) / multiple * multiple;
+}
+
+}  // namespace dsp

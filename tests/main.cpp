@@ -1,0 +1,3 @@
+// doctest's main for the dsp test binary.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
