@@ -1,0 +1,89 @@
+#pragma once
+// DataSampler: which training samples each data-parallel rank reads in each micro-batch.
+// A sample is a window of seq_length + 1 tokens (inputs and next-token targets); windows do
+// not overlap. Each epoch is a fresh permutation of all windows, drawn from the counter RNG
+// keyed by (seed, epoch), so it is the same for every layout. A global batch takes the next
+// global_batch_size windows of the permutation; a global batch never straddles two epochs
+// (the remainder is dropped), so within an epoch no window is read twice and every DP rank
+// gets the same number of micro-batches: micro-batch m of DP rank r holds windows
+// [(m * dp + r) * micro, (m * dp + r + 1) * micro) of the global batch.
+#include <cstdint>
+#include <numeric>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "dsp/core/divide.hpp"
+#include "dsp/core/rng.hpp"
+
+namespace dsp::dp {
+
+class DataSampler {
+ public:
+  /// Position in the sample stream (saved in checkpoints for an exact resume).
+  struct State {
+    std::int64_t epoch = 0;
+    std::int64_t offset = 0;  ///< windows consumed in this epoch
+    NLOHMANN_DEFINE_TYPE_INTRUSIVE(State, epoch, offset)
+  };
+
+  /// num_windows: windows in the data set. Throws ConfigError when global_batch is not
+  /// micro_batch x dp x k, or the data holds fewer windows than one global batch.
+  DataSampler(std::int64_t num_windows, std::int64_t micro_batch, std::int64_t global_batch, int dp_size, int dp_rank,
+              std::uint64_t seed)
+      : num_windows_(num_windows), micro_(micro_batch), global_(global_batch), dp_size_(dp_size), dp_rank_(dp_rank),
+        seed_(seed) {
+    accumulation_ = divide(global_batch, micro_batch * dp_size,
+                           "global batch size (micro batch size x data-parallel size = " +
+                               std::to_string(micro_batch * dp_size) + ")");
+    DSP_CHECK_AS(ConfigError, num_windows >= global_batch, "the data holds ", num_windows,
+                 " sequences, fewer than one global batch of ", global_batch);
+    permute();
+  }
+
+  /// Gradient-accumulation steps (micro-batches per DP rank per optimizer step).
+  std::int64_t accumulation_steps() const { return accumulation_; }
+
+  /// Window indices of this rank's micro-batches for the next global batch, then advances.
+  std::vector<std::vector<std::int64_t>> next_global_batch() {
+    if (state_.offset + global_ > num_windows_) {
+      ++state_.epoch;
+      state_.offset = 0;
+      permute();
+    }
+    std::vector<std::vector<std::int64_t>> micro_batches(static_cast<std::size_t>(accumulation_));
+    for (std::int64_t m = 0; m < accumulation_; ++m)
+      for (std::int64_t j = 0; j < micro_; ++j)
+        micro_batches[static_cast<std::size_t>(m)].push_back(
+            perm_[static_cast<std::size_t>(state_.offset + (m * dp_size_ + dp_rank_) * micro_ + j)]);
+    state_.offset += global_;
+    return micro_batches;
+  }
+
+  const State& state() const { return state_; }
+  void set_state(const State& s) {
+    state_ = s;
+    permute();
+  }
+
+ private:
+  // Fisher-Yates shuffle driven by CounterRng(seed, "data.epoch.<e>").
+  void permute() {
+    perm_.resize(static_cast<std::size_t>(num_windows_));
+    std::iota(perm_.begin(), perm_.end(), std::int64_t{0});
+    const CounterRng rng(seed_, "data.epoch." + std::to_string(state_.epoch));
+    for (std::int64_t i = num_windows_ - 1; i > 0; --i) {
+      const auto j = static_cast<std::int64_t>(rng.uniform(static_cast<std::uint64_t>(i)) * static_cast<double>(i + 1));
+      std::swap(perm_[static_cast<std::size_t>(i)], perm_[static_cast<std::size_t>(j)]);
+    }
+  }
+
+  std::int64_t num_windows_, micro_, global_;
+  int dp_size_, dp_rank_;
+  std::uint64_t seed_;
+  std::int64_t accumulation_ = 1;
+  State state_;
+  std::vector<std::int64_t> perm_;
+};
+
+}  // namespace dsp::dp

@@ -1,0 +1,127 @@
+#pragma once
+// Causal self-attention with grouped-query attention (GQA, Ainslie et al. 2023) and RoPE,
+// tensor-parallel as in Megatron-LM: the fused [q; k; v] projection is column-parallel
+// (query heads split, key/value heads split per KV group or replicated when kv heads < TP),
+// the output projection row-parallel.
+//   x [tokens, hidden] -> qkv [tokens, (h_local + 2 kv_local) * d] -> q, k, v
+//   -> rope(q), rope(k) -> softmax(q k^T / sqrt(d) + causal) v [tokens, h_local * d]
+//   -> o_proj -> [tokens, hidden] (all-reduced)
+#include <cmath>
+#include <span>
+#include <string>
+
+#include "dsp/backend/host/attention.hpp"
+#include "dsp/backend/host/copy_columns.hpp"
+#include "dsp/backend/host/elementwise.hpp"
+#include "dsp/backend/host/rope.hpp"
+#include "dsp/model/config.hpp"
+#include "dsp/model/forward_context.hpp"
+#include "dsp/tp/column_parallel_linear.hpp"
+#include "dsp/tp/row_parallel_linear.hpp"
+
+namespace dsp::model {
+
+template <class Policy>
+class Attention {
+ public:
+  using Backend = typename Policy::Backend;
+  using Comm = typename Policy::Comm;
+  struct Saved {
+    Tensor x, q, k, v, probs, context;
+  };
+
+  /// prefix: "model.layers.{i}.self_attn"; layer: global layer index (KV cache slot).
+  Attention(Comm& tp, const ModelConfig& c, const std::string& prefix, std::int64_t layer, std::uint64_t seed)
+      : layer_(layer),
+        tp_size_(tp.size()),
+        d_(c.head_dim()),
+        heads_(c.num_attention_heads / tp.size()),
+        kv_heads_(c.num_query_groups >= tp.size() ? c.num_query_groups / tp.size() : 1),
+        theta_(c.rope_theta),
+        qkv_(tp,
+             ShardedTensor::qkv(prefix + ".qkv_proj.weight", c.hidden_size, c.num_attention_heads,
+                                c.num_query_groups, c.head_dim(),
+                                {prefix + ".q_proj.weight", prefix + ".k_proj.weight", prefix + ".v_proj.weight"}),
+             {Init::Normal, c.init_method_std}, seed),
+        o_(tp, ShardedTensor::split(prefix + ".o_proj.weight", {c.hidden_size, c.num_attention_heads * d_}, 1),
+           {Init::Normal, scaled_std(c)}, seed) {}
+
+  /// x [tokens, hidden] -> [tokens, hidden]. With ctx.cache, this call's keys/values are
+  /// written at their positions and attention reads the whole cache (masked by position).
+  Tensor forward(const ForwardContext& ctx, const Tensor& x, Saved* saved) {
+    const std::int64_t n = ctx.tokens(), qw = heads_ * d_, kw = kv_heads_ * d_;
+    const Tensor qkv = qkv_.forward(x);
+    Tensor q({n, qw}), k({n, kw}), v({n, kw});
+    copy_columns(Backend{}, qkv.data(), qw + 2 * kw, 0, q.data(), qw, 0, n, qw);
+    copy_columns(Backend{}, qkv.data(), qw + 2 * kw, qw, k.data(), kw, 0, n, kw);
+    copy_columns(Backend{}, qkv.data(), qw + 2 * kw, qw + kw, v.data(), kw, 0, n, kw);
+    rope_forward(Backend{}, q.data(), ctx.positions.data(), n, heads_, d_, theta_, q.data());
+    rope_forward(Backend{}, k.data(), ctx.positions.data(), n, kv_heads_, d_, theta_, k.data());
+
+    Tensor context({n, qw});
+    Tensor probs;
+    if (ctx.cache) {
+      Tensor& kc = ctx.cache->k(layer_);
+      Tensor& vc = ctx.cache->v(layer_);
+      const std::int64_t cap = ctx.cache->capacity();
+      for (std::int64_t t = 0; t < n; ++t) {  // append this call's keys/values at their positions
+        const std::int64_t row = (t / ctx.seq) * cap + ctx.positions[static_cast<std::size_t>(t)];
+        copy(Backend{}, kw, k.data() + t * kw, kc.data() + row * kw);
+        copy(Backend{}, kw, v.data() + t * kw, vc.data() + row * kw);
+      }
+      attention_forward(Backend{}, q.data(), kc.data(), vc.data(), ctx.positions.data(), ctx.batch, ctx.seq, cap,
+                        heads_, kv_heads_, d_, context.data(), nullptr);
+    } else {
+      if (saved) probs = Tensor({ctx.batch, heads_, ctx.seq, ctx.seq});
+      attention_forward(Backend{}, q.data(), k.data(), v.data(), ctx.positions.data(), ctx.batch, ctx.seq, ctx.seq,
+                        heads_, kv_heads_, d_, context.data(), saved ? probs.data() : nullptr);
+    }
+    Tensor y = o_.forward(context);
+    if (saved) *saved = {x, std::move(q), std::move(k), std::move(v), std::move(probs), std::move(context)};
+    return y;
+  }
+
+  /// dy [tokens, hidden] -> dx [tokens, hidden] (summed over TP); accumulates weight grads.
+  Tensor backward(const ForwardContext& ctx, const Tensor& dy, const Saved& s) {
+    const std::int64_t n = ctx.tokens(), qw = heads_ * d_, kw = kv_heads_ * d_;
+    const Tensor dcontext = o_.backward(s.context, dy);
+    Tensor dq({n, qw}), dk({n, kw}), dv({n, kw});
+    attention_backward(Backend{}, s.q.data(), s.k.data(), s.v.data(), s.probs.data(), dcontext.data(), ctx.batch,
+                       ctx.seq, ctx.seq, heads_, kv_heads_, d_, dq.data(), dk.data(), dv.data());
+    rope_backward(Backend{}, dq.data(), ctx.positions.data(), n, heads_, d_, theta_, dq.data());
+    rope_backward(Backend{}, dk.data(), ctx.positions.data(), n, kv_heads_, d_, theta_, dk.data());
+    Tensor dqkv({n, qw + 2 * kw});
+    copy_columns(Backend{}, dq.data(), qw, 0, dqkv.data(), qw + 2 * kw, 0, n, qw);
+    copy_columns(Backend{}, dk.data(), kw, 0, dqkv.data(), qw + 2 * kw, qw, n, kw);
+    copy_columns(Backend{}, dv.data(), kw, 0, dqkv.data(), qw + 2 * kw, qw + kw, n, kw);
+    return qkv_.backward(s.x, dqkv);
+  }
+
+  std::vector<Parameter*> parameters() { return {&qkv_.weight(), &o_.weight()}; }
+
+  /// When kv heads < TP, each K/V head is replicated on TP / kv_heads ranks and each replica
+  /// holds only the gradient from its own query heads: the K/V rows of the qkv gradient
+  /// [2 kv_local * d, hidden], to be summed over the replicas once per step. Empty otherwise.
+  std::span<float> replicated_kv_grad() {
+    Parameter& w = qkv_.weight();
+    if (!w.spec.has_partial_replicas(tp_size_)) return {};
+    const std::int64_t offset = heads_ * d_ * w.value.dim(1);
+    return {w.grad.data() + offset, static_cast<std::size_t>(w.grad.numel() - offset)};
+  }
+  std::int64_t kv_heads_local() const { return kv_heads_; }
+
+  /// Megatron's scaled init for output projections: std / sqrt(2 x layers).
+  static float scaled_std(const ModelConfig& c) {
+    return c.init_method_std / std::sqrt(2.0f * static_cast<float>(c.num_layers));
+  }
+
+ private:
+  std::int64_t layer_;
+  int tp_size_;
+  std::int64_t d_, heads_, kv_heads_;
+  float theta_;
+  tp::ColumnParallelLinear<Policy> qkv_;
+  tp::RowParallelLinear<Policy> o_;
+};
+
+}  // namespace dsp::model

@@ -1,0 +1,69 @@
+#pragma once
+// A dense DeepSeek-style decoder block (pre-norm):
+//   h = x + Attention(RMSNorm(x)),  out = h + MLP(RMSNorm(h)).
+// Hugging Face names: model.layers.{i}.{input_layernorm, self_attn.*, post_attention_layernorm, mlp.*}.
+#include <string>
+
+#include "dsp/backend/host/elementwise.hpp"
+#include "dsp/model/attention.hpp"
+#include "dsp/model/mlp.hpp"
+#include "dsp/model/rms_norm.hpp"
+
+namespace dsp::model {
+
+template <class Policy>
+class DecoderBlock {
+ public:
+  using Backend = typename Policy::Backend;
+  using Comm = typename Policy::Comm;
+  struct Saved {
+    typename RMSNorm<Policy>::Saved norm1, norm2;
+    typename Attention<Policy>::Saved attn;
+    typename MLP<Policy>::Saved mlp;
+  };
+
+  /// layer: global layer index (names and KV-cache slot use it).
+  DecoderBlock(Comm& tp, const ModelConfig& c, std::int64_t layer, std::uint64_t seed)
+      : norm1_(prefix(layer) + ".input_layernorm.weight", c.hidden_size, c.norm_epsilon, tp.size(), tp.rank()),
+        attn_(tp, c, prefix(layer) + ".self_attn", layer, seed),
+        norm2_(prefix(layer) + ".post_attention_layernorm.weight", c.hidden_size, c.norm_epsilon, tp.size(),
+               tp.rank()),
+        mlp_(tp, c, prefix(layer) + ".mlp", seed) {}
+
+  /// x [tokens, hidden] -> [tokens, hidden]; saved may be null (inference).
+  Tensor forward(const ForwardContext& ctx, const Tensor& x, Saved* saved) {
+    Tensor h = attn_.forward(ctx, norm1_.forward(x, saved ? &saved->norm1 : nullptr), saved ? &saved->attn : nullptr);
+    add(Backend{}, x.numel(), x.data(), h.data());
+    Tensor out = mlp_.forward(norm2_.forward(h, saved ? &saved->norm2 : nullptr), saved ? &saved->mlp : nullptr);
+    add(Backend{}, h.numel(), h.data(), out.data());
+    return out;
+  }
+  /// dout [tokens, hidden] -> dx; accumulates every parameter's gradient.
+  Tensor backward(const ForwardContext& ctx, const Tensor& dout, const Saved& s) {
+    Tensor dh = norm2_.backward(mlp_.backward(dout, s.mlp), s.norm2);
+    add(Backend{}, dout.numel(), dout.data(), dh.data());
+    Tensor dx = norm1_.backward(attn_.backward(ctx, dh, s.attn), s.norm1);
+    add(Backend{}, dh.numel(), dh.data(), dx.data());
+    return dx;
+  }
+
+  std::vector<Parameter*> parameters() {
+    std::vector<Parameter*> p{&norm1_.weight()};
+    for (auto* a : attn_.parameters()) p.push_back(a);
+    p.push_back(&norm2_.weight());
+    for (auto* m : mlp_.parameters()) p.push_back(m);
+    return p;
+  }
+  std::span<float> replicated_kv_grad() { return attn_.replicated_kv_grad(); }
+  std::int64_t kv_heads_local() const { return attn_.kv_heads_local(); }
+
+  static std::string prefix(std::int64_t layer) { return "model.layers." + std::to_string(layer); }
+
+ private:
+  RMSNorm<Policy> norm1_;
+  Attention<Policy> attn_;
+  RMSNorm<Policy> norm2_;
+  MLP<Policy> mlp_;
+};
+
+}  // namespace dsp::model

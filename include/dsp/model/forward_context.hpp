@@ -1,0 +1,29 @@
+#pragma once
+// ForwardContext: the shape of the micro-batch a forward pass runs on, and where keys and
+// values live when serving.
+#include <cstdint>
+#include <vector>
+
+#include "dsp/serve/kv_cache.hpp"
+
+namespace dsp::model {
+
+struct ForwardContext {
+  std::int64_t batch = 1;                 ///< sequences in the micro-batch
+  std::int64_t seq = 1;                   ///< tokens per sequence in this call
+  std::vector<std::int32_t> positions;    ///< [batch * seq] position of each token in its sequence
+  serve::KvCache* cache = nullptr;        ///< serving: keys/values are appended here and attended from here
+  bool training = true;                   ///< keep activations for backward
+
+  std::int64_t tokens() const { return batch * seq; }
+
+  /// Training layout: batch rows of seq tokens at positions 0..seq-1.
+  static ForwardContext for_training(std::int64_t batch, std::int64_t seq) {
+    ForwardContext c{batch, seq, {}, nullptr, true};
+    c.positions.resize(static_cast<std::size_t>(batch * seq));
+    for (std::int64_t i = 0; i < batch * seq; ++i) c.positions[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i % seq);
+    return c;
+  }
+};
+
+}  // namespace dsp::model

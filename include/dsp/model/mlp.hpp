@@ -1,0 +1,59 @@
+#pragma once
+// SwiGLU MLP (Shazeer 2020), tensor-parallel: fused [gate; up] column-parallel (each half
+// split over TP), down projection row-parallel.
+//   x [tokens, hidden] -> gate_up [tokens, 2 ffn/tp] -> silu(gate) * up [tokens, ffn/tp]
+//   -> down_proj -> [tokens, hidden] (all-reduced)
+#include <string>
+
+#include "dsp/backend/host/swiglu.hpp"
+#include "dsp/model/attention.hpp"
+#include "dsp/model/config.hpp"
+#include "dsp/tp/column_parallel_linear.hpp"
+#include "dsp/tp/row_parallel_linear.hpp"
+
+namespace dsp::model {
+
+template <class Policy>
+class MLP {
+ public:
+  using Backend = typename Policy::Backend;
+  using Comm = typename Policy::Comm;
+  struct Saved {
+    Tensor x, gate_up, act;
+  };
+
+  /// prefix: "model.layers.{i}.mlp".
+  MLP(Comm& tp, const ModelConfig& c, const std::string& prefix, std::uint64_t seed)
+      : gate_up_(tp,
+                 ShardedTensor::gate_up(prefix + ".gate_up_proj.weight", c.hidden_size, c.ffn_hidden_size,
+                                        {prefix + ".gate_proj.weight", prefix + ".up_proj.weight"}),
+                 {Init::Normal, c.init_method_std}, seed),
+        down_(tp, ShardedTensor::split(prefix + ".down_proj.weight", {c.hidden_size, c.ffn_hidden_size}, 1),
+              {Init::Normal, Attention<Policy>::scaled_std(c)}, seed) {}
+
+  /// x [tokens, hidden] -> [tokens, hidden].
+  Tensor forward(const Tensor& x, Saved* saved) {
+    Tensor gu = gate_up_.forward(x);
+    const std::int64_t n = x.dim(0), f = gu.dim(1) / 2;
+    Tensor act({n, f});
+    swiglu_forward(Backend{}, gu.data(), n, f, act.data());
+    Tensor y = down_.forward(act);
+    if (saved) *saved = {x, std::move(gu), std::move(act)};
+    return y;
+  }
+  /// dy [tokens, hidden] -> dx [tokens, hidden] (summed over TP); accumulates weight grads.
+  Tensor backward(const Tensor& dy, const Saved& s) {
+    const Tensor dact = down_.backward(s.act, dy);
+    Tensor dgu(s.gate_up.shape());
+    swiglu_backward(Backend{}, s.gate_up.data(), dact.data(), dact.dim(0), dact.dim(1), dgu.data());
+    return gate_up_.backward(s.x, dgu);
+  }
+
+  std::vector<Parameter*> parameters() { return {&gate_up_.weight(), &down_.weight()}; }
+
+ private:
+  tp::ColumnParallelLinear<Policy> gate_up_;
+  tp::RowParallelLinear<Policy> down_;
+};
+
+}  // namespace dsp::model

@@ -1,0 +1,52 @@
+#pragma once
+// Parameter: a local shard, its gradient and its ShardedTensor description.
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "dsp/core/rng.hpp"
+#include "dsp/core/tensor.hpp"
+#include "dsp/parallel/sharded_tensor.hpp"
+
+namespace dsp::model {
+
+/// How a parameter's global values are drawn.
+struct Init {
+  enum Kind { Normal, Ones } kind = Normal;
+  float std = 0.02f;  ///< standard deviation for Normal
+};
+
+/// One trainable tensor on one rank: `value` and `grad` have shape spec.local_shape(tp).
+struct Parameter {
+  ShardedTensor spec;
+  Tensor value;
+  Tensor grad;
+  bool weight_decay = true;  ///< Megatron: no decay on norms (1-D parameters)
+
+  /// Builds the local shard of TP rank `tp_rank` of `tp_size`. Element (global flat index g)
+  /// is std * N(0,1) drawn from CounterRng(seed, spec.name) at g, so every layout holds the
+  /// same global values; padding is zero. Throws ConfigError when the spec cannot split.
+  Parameter(ShardedTensor s, Init init, std::uint64_t seed, int tp_size, int tp_rank)
+      : spec(std::move(s)), value(spec.local_shape(tp_size)), grad(spec.local_shape(tp_size)),
+        weight_decay(spec.global_shape.size() >= 2) {
+    if (init.kind == Init::Ones) {
+      value.fill(1.0f);
+      return;
+    }
+    const CounterRng rng(seed, spec.name);
+    const int dim = spec.kind == ShardKind::Replicated ? 0 : spec.split_dim;
+    const auto map = spec.index_map(tp_size, tp_rank);
+    const auto [outer, g_ext, inner] = detail::around(spec.global_shape, dim);
+    const auto l_ext = static_cast<std::int64_t>(map.size());
+    for (std::int64_t o = 0; o < outer; ++o)
+      for (std::int64_t i = 0; i < l_ext; ++i) {
+        const std::int64_t gi = map[static_cast<std::size_t>(i)];
+        if (gi < 0) continue;  // vocabulary padding stays zero
+        for (std::int64_t k = 0; k < inner; ++k)
+          value[(o * l_ext + i) * inner + k] =
+              static_cast<float>(init.std * rng.normal(static_cast<std::uint64_t>((o * g_ext + gi) * inner + k)));
+      }
+  }
+};
+
+}  // namespace dsp::model

@@ -1,0 +1,44 @@
+#pragma once
+// RMSNorm layer (Zhang & Sennrich 2019) with a replicated weight [hidden].
+#include <string>
+
+#include "dsp/backend/host/rms_norm.hpp"
+#include "dsp/model/parameter.hpp"
+
+namespace dsp::model {
+
+template <class Policy>
+class RMSNorm {
+ public:
+  using Backend = typename Policy::Backend;
+  struct Saved {
+    Tensor x;
+    std::vector<float> rstd;
+  };
+
+  RMSNorm(std::string name, std::int64_t hidden, float eps, int tp_size, int tp_rank)
+      : weight_(ShardedTensor::replicated(std::move(name), {hidden}), {Init::Ones}, 0, tp_size, tp_rank), eps_(eps) {}
+
+  /// x [tokens, hidden] -> y [tokens, hidden]; saved (may be null when not training).
+  Tensor forward(const Tensor& x, Saved* saved) const {
+    Tensor y(x.shape());
+    std::vector<float> rstd(static_cast<std::size_t>(x.dim(0)));
+    rms_norm_forward(Backend{}, x.data(), weight_.value.data(), eps_, x.dim(0), x.dim(1), y.data(), rstd.data());
+    if (saved) *saved = {x, std::move(rstd)};
+    return y;
+  }
+  /// dy [tokens, hidden] -> dx; accumulates the weight gradient.
+  Tensor backward(const Tensor& dy, const Saved& s) {
+    Tensor dx(dy.shape());
+    rms_norm_backward(Backend{}, s.x.data(), weight_.value.data(), s.rstd.data(), dy.data(), dy.dim(0), dy.dim(1),
+                      dx.data(), weight_.grad.data());
+    return dx;
+  }
+  Parameter& weight() { return weight_; }
+
+ private:
+  Parameter weight_;
+  float eps_;
+};
+
+}  // namespace dsp::model

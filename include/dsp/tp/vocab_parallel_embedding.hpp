@@ -1,0 +1,54 @@
+#pragma once
+// VocabParallelEmbedding (Megatron-LM): the table [vocab, hidden] is split by rows over the
+// TP group, vocab padded up to a multiple of TP. Each rank looks up the ids in its range
+// (others give zero rows) and the partial results are summed over TP.
+#include <cstdint>
+#include <vector>
+
+#include "dsp/backend/host/embedding.hpp"
+#include "dsp/model/parameter.hpp"
+#include "dsp/tp/mappings.hpp"
+
+namespace dsp::tp {
+
+template <class Policy>
+class VocabParallelEmbedding {
+ public:
+  using Backend = typename Policy::Backend;
+  using Comm = typename Policy::Comm;
+
+  /// name: global parameter name; table global shape [vocab, hidden].
+  VocabParallelEmbedding(Comm& tp, std::string name, std::int64_t vocab, std::int64_t hidden, model::Init init,
+                         std::uint64_t seed)
+      : tp_(&tp), vocab_(vocab), weight_(ShardedTensor::vocab(std::move(name), {vocab, hidden}), init, seed,
+                                         tp.size(), tp.rank()) {}
+
+  /// ids [tokens] in [0, vocab) -> [tokens, hidden], the same on every TP rank.
+  /// Throws InputError for an id outside the vocabulary.
+  Tensor forward(const std::vector<std::int32_t>& ids) const {
+    for (auto id : ids)
+      DSP_CHECK_AS(InputError, id >= 0 && id < vocab_, "token id ", id, " outside the vocabulary [0, ", vocab_, ")");
+    const auto n = static_cast<std::int64_t>(ids.size());
+    Tensor out({n, hidden()});
+    embedding_forward(Backend{}, ids.data(), n, weight_.value.data(), rows_local(), row_offset(), hidden(), out.data());
+    ReduceFromTpRegion::forward(*tp_, out);
+    return out;
+  }
+  /// dy [tokens, hidden] (the same on every TP rank): accumulates this rank's rows of dW.
+  void backward(const std::vector<std::int32_t>& ids, const Tensor& dy) {
+    embedding_backward(Backend{}, ids.data(), static_cast<std::int64_t>(ids.size()), dy.data(), rows_local(),
+                       row_offset(), hidden(), weight_.grad.data());
+  }
+
+  model::Parameter& weight() { return weight_; }
+  std::int64_t hidden() const { return weight_.value.dim(1); }
+  std::int64_t rows_local() const { return weight_.value.dim(0); }
+  std::int64_t row_offset() const { return rows_local() * tp_->rank(); }
+
+ private:
+  Comm* tp_;
+  std::int64_t vocab_;
+  model::Parameter weight_;
+};
+
+}  // namespace dsp::tp

@@ -1,0 +1,46 @@
+#pragma once
+// Throughput accounting: model FLOPs per token (PaLM, Chowdhery et al. 2022, appendix B),
+// model FLOPs utilisation (MFU) against a measured sgemm peak.
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+#include "dsp/backend/host/gemm.hpp"
+#include "dsp/model/config.hpp"
+
+namespace dsp::train {
+
+/// Training FLOPs per token: 6 N + 12 L h s, where N counts the parameters used in matrix
+/// multiplies (all but the input embedding lookup; a tied table counts once, as the output
+/// layer), L layers, h = heads x head_dim, s the sequence length. Forward is a third of it.
+inline double training_flops_per_token(const model::ModelConfig& c) {
+  const double n_matmul = static_cast<double>(c.num_parameters()) -
+                          static_cast<double>(c.vocab_size * c.hidden_size) * (c.tie_word_embeddings ? 0.0 : 1.0) -
+                          static_cast<double>((2 * c.num_layers + 1) * c.hidden_size);  // norms
+  return 6.0 * n_matmul + 12.0 * static_cast<double>(c.num_layers * c.num_attention_heads * c.head_dim() * c.seq_length);
+}
+
+/// Model FLOPs utilisation: achieved model FLOP/s over peak FLOP/s.
+inline double mfu(double flops_per_token, double tokens_per_second, double peak_flops) {
+  return peak_flops > 0.0 ? flops_per_token * tokens_per_second / peak_flops : 0.0;
+}
+
+/// Measures this machine's fp32 GEMM peak (FLOP/s, 2 m n k per GEMM) with the backend's GEMM
+/// on square 1024 matrices using every core, for about `seconds`. Call outside comm::launch.
+template <class Backend>
+double measure_sgemm_peak(double seconds = 0.5) {
+  constexpr std::int64_t n = 1024;
+  std::vector<float> a(n * n, 1.0f), b(n * n, 0.5f), c(n * n);
+  gemm(Backend{}, false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);  // warm up
+  const auto t0 = std::chrono::steady_clock::now();
+  std::int64_t reps = 0;
+  double elapsed = 0.0;
+  do {
+    gemm(Backend{}, false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    ++reps;
+    elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  } while (elapsed < seconds);
+  return 2.0 * static_cast<double>(n * n * n) * static_cast<double>(reps) / elapsed;
+}
+
+}  // namespace dsp::train

@@ -1,0 +1,141 @@
+#pragma once
+// Trainer: the data-parallel x tensor-parallel training step.
+//   for each micro-batch of this DP rank: forward, loss, backward (gradients accumulate)
+//   sum replicated K/V gradients over TP; all-reduce gradients over DP (once per step)
+//   clip the global gradient norm; AdamW with the warmup + cosine learning rate.
+// The loss is normalised by the global number of loss tokens (every micro-batch on every
+// DP rank), so any (TP, DP, micro-batch) split of the same global batch gives the same
+// update up to floating-point summation order.
+#include <chrono>
+#include <cstdint>
+#include <numeric>
+#include <vector>
+
+#include "dsp/dp/data_sampler.hpp"
+#include "dsp/dp/grad_sync.hpp"
+#include "dsp/model/causal_lm.hpp"
+#include "dsp/train/token_dataset.hpp"
+#include "dsp/zero/adamw.hpp"
+#include "dsp/zero/grad_clip.hpp"
+#include "dsp/zero/lr_schedule.hpp"
+
+namespace dsp::train {
+
+/// Training hyper-parameters (Megatron flag names in comments).
+struct TrainConfig {
+  std::int64_t micro_batch_size = 4;   ///< --micro-batch-size (sequences per micro-batch per DP rank)
+  std::int64_t global_batch_size = 8;  ///< --global-batch-size (sequences per optimizer step)
+  std::int64_t train_iters = 100;      ///< --train-iters
+  float lr = 1e-3f;                    ///< --lr (peak)
+  float min_lr = 1e-4f;                ///< --min-lr
+  std::int64_t lr_warmup_iters = 0;    ///< --lr-warmup-iters
+  std::int64_t lr_decay_iters = 0;     ///< --lr-decay-iters (0: train_iters)
+  float clip_grad = 1.0f;              ///< --clip-grad (0: off)
+  zero::AdamWConfig adam;              ///< --adam-beta1/2, --adam-eps, --weight-decay
+  std::uint64_t seed = 1234;           ///< --seed (parameters and data order)
+  std::int64_t eval_iters = 4;         ///< --eval-iters (global batches of validation data)
+};
+
+/// What one optimizer step did.
+struct StepResult {
+  std::int64_t iteration = 0;  ///< 1-based number of this step
+  double loss = 0.0;           ///< mean training loss over the global batch, nats/token
+  float grad_norm = 0.0f;      ///< global gradient norm before clipping
+  float lr = 0.0f;             ///< learning rate used
+  std::int64_t tokens = 0;     ///< tokens in the global batch
+  double seconds = 0.0;        ///< wall time of the step
+};
+
+template <class Policy>
+class Trainer {
+ public:
+  using Backend = typename Policy::Backend;
+  using Comm = typename Policy::Comm;
+
+  /// Collective over the mesh. Throws ConfigError when the model does not split over TP or
+  /// the batch sizes do not divide.
+  Trainer(const model::ModelConfig& config, const TrainConfig& tc, DeviceMesh<Comm>& mesh, const TokenDataset& data)
+      : tc_(tc),
+        mesh_(&mesh),
+        data_(&data),
+        model_(config, mesh, tc.seed),
+        optimizer_(model_.parameters(), tc.adam),
+        clipper_(model_.parameters(), mesh.tp_size(), mesh.tp_rank()),
+        sampler_(data.train_windows(), tc.micro_batch_size, tc.global_batch_size, mesh.dp_size(), mesh.dp_rank(),
+                 tc.seed),
+        schedule_{tc.lr, tc.min_lr, tc.lr_warmup_iters, tc.lr_decay_iters > 0 ? tc.lr_decay_iters : tc.train_iters} {
+    DSP_CHECK_AS(ConfigError, data.seq_length() == config.seq_length, "data windows of ", data.seq_length(),
+                 " tokens do not match --seq-length ", config.seq_length);
+  }
+
+  /// One optimizer step over the next global batch. Collective over the mesh.
+  StepResult train_step() {
+    const auto t0 = std::chrono::steady_clock::now();
+    model_.zero_grad();
+    const std::int64_t seq = data_->seq_length();
+    const double global_tokens = static_cast<double>(tc_.global_batch_size * seq);
+    std::vector<double> loss_sum{0.0};
+    std::vector<std::int32_t> inputs, targets;
+    for (const auto& windows : sampler_.next_global_batch()) {
+      data_->batch(false, windows, inputs, targets);
+      const auto ctx = model::ForwardContext::for_training(static_cast<std::int64_t>(windows.size()), seq);
+      typename model::CausalLM<Policy>::Activations act;
+      const auto loss = model_.forward(ctx, inputs, targets, act);
+      loss_sum[0] += std::accumulate(loss.begin(), loss.end(), 0.0);
+      model_.backward(act, std::vector<float>(loss.size(), static_cast<float>(1.0 / global_tokens)));
+    }
+    model_.reduce_replicated_grads();
+    dp::all_reduce_gradients(mesh_->data_group(), model_.parameters());
+    StepResult r;
+    r.grad_norm = clipper_.clip(mesh_->model_group(), tc_.clip_grad);
+    r.lr = schedule_(optimizer_.steps());
+    optimizer_.step(r.lr);
+    mesh_->data_group().all_reduce(std::span(loss_sum));
+    r.iteration = optimizer_.steps();
+    r.loss = loss_sum[0] / global_tokens;
+    r.tokens = tc_.global_batch_size * seq;
+    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return r;
+  }
+
+  /// Mean validation loss (nats/token) over the first eval_iters global batches of the
+  /// validation split (the same windows every time). Collective over the mesh.
+  double evaluate() {
+    const std::int64_t seq = data_->seq_length(), per_rank = tc_.global_batch_size / mesh_->dp_size();
+    const std::int64_t batches = std::min(tc_.eval_iters, data_->val_windows() / tc_.global_batch_size);
+    std::vector<double> sums{0.0, 0.0};  // loss sum, tokens
+    std::vector<std::int32_t> inputs, targets;
+    for (std::int64_t b = 0; b < batches; ++b)
+      for (std::int64_t m = 0; m < per_rank; m += tc_.micro_batch_size) {
+        std::vector<std::int64_t> windows(static_cast<std::size_t>(tc_.micro_batch_size));
+        std::iota(windows.begin(), windows.end(), b * tc_.global_batch_size + mesh_->dp_rank() * per_rank + m);
+        data_->batch(true, windows, inputs, targets);
+        const auto ctx = model::ForwardContext::for_training(tc_.micro_batch_size, seq);
+        typename model::CausalLM<Policy>::Activations act;
+        const auto loss = model_.forward(ctx, inputs, targets, act);
+        sums[0] += std::accumulate(loss.begin(), loss.end(), 0.0);
+        sums[1] += static_cast<double>(loss.size());
+      }
+    mesh_->data_group().all_reduce(std::span(sums));
+    return sums[1] > 0 ? sums[0] / sums[1] : 0.0;
+  }
+
+  model::CausalLM<Policy>& model() { return model_; }
+  zero::AdamW<Backend>& optimizer() { return optimizer_; }
+  dp::DataSampler& sampler() { return sampler_; }
+  DeviceMesh<Comm>& mesh() { return *mesh_; }
+  const TrainConfig& config() const { return tc_; }
+  std::int64_t iteration() const { return optimizer_.steps(); }
+
+ private:
+  TrainConfig tc_;
+  DeviceMesh<Comm>* mesh_;
+  const TokenDataset* data_;
+  model::CausalLM<Policy> model_;
+  zero::AdamW<Backend> optimizer_;
+  zero::GradClipper<Backend> clipper_;
+  dp::DataSampler sampler_;
+  zero::WarmupCosine schedule_;
+};
+
+}  // namespace dsp::train
