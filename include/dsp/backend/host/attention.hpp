@@ -1,0 +1,93 @@
+#pragma once
+// Causal scaled-dot-product attention (Vaswani et al. 2017) with grouped-query attention
+// (GQA, Ainslie et al. 2023) and a KV cache: per (batch, q head) two GEMMs around a masked
+// row softmax, S = scale Q K^T, P = softmax(S), O = P V.
+//
+// Shapes: q, out [batch, q_len, q_heads, head_dim]; k, v [batch, kv_len, kv_heads, head_dim];
+// probs [batch, q_heads, q_len, kv_len]; q_positions [batch * q_len].
+// Query head h reads kv head h / (q_heads / kv_heads). Query (b, i) attends keys
+// j <= q_positions[b * q_len + i] (and j < kv_len); scale = 1 / sqrt(head_dim).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "dsp/backend/host/gemm.hpp"
+#include "dsp/backend/host/host.hpp"
+#include "dsp/backend/host/softmax.hpp"
+#include "dsp/core/error.hpp"
+
+namespace dsp::backend {
+
+namespace detail {
+inline void check_attention_shape(std::int64_t q_heads, std::int64_t kv_heads, std::int64_t head_dim) {
+  DSP_CHECK(kv_heads > 0 && q_heads % kv_heads == 0, "attention: q_heads=", q_heads,
+            " is not a multiple of kv_heads=", kv_heads);
+  DSP_CHECK(head_dim > 0, "attention: head_dim must be positive, got ", head_dim);
+}
+}  // namespace detail
+
+/// out [batch, q_len, q_heads, head_dim] = softmax(q k^T / sqrt(head_dim), causal mask) v
+/// (shapes and mask above). Overwrites out, and probs [batch, q_heads, q_len, kv_len] with the
+/// softmax probabilities for the backward (masked entries exactly 0; a query with no visible
+/// key gets a zero row and a zero output). probs may be nullptr (inference): a
+/// [q_len, kv_len] scratch buffer is used instead.
+inline void attention_forward(Host hst, const float* q, const float* k, const float* v,
+                              const std::int32_t* q_positions, std::int64_t batch, std::int64_t q_len,
+                              std::int64_t kv_len, std::int64_t q_heads, std::int64_t kv_heads,
+                              std::int64_t head_dim, float* out, float* probs) {
+  detail::check_attention_shape(q_heads, kv_heads, head_dim);
+  const std::int64_t group = q_heads / kv_heads;
+  const std::int64_t ldq = q_heads * head_dim, ldk = kv_heads * head_dim;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  std::vector<float> scratch(probs ? 0 : static_cast<std::size_t>(q_len * kv_len));
+  for (std::int64_t b = 0; b < batch; ++b) {
+    for (std::int64_t h = 0; h < q_heads; ++h) {
+      const std::int64_t g = h / group;
+      const float* qb = q + b * q_len * ldq + h * head_dim;
+      const float* kb = k + b * kv_len * ldk + g * head_dim;
+      const float* vb = v + b * kv_len * ldk + g * head_dim;
+      float* p = probs ? probs + (b * q_heads + h) * q_len * kv_len : scratch.data();
+      gemm(hst, false, true, q_len, kv_len, head_dim, scale, qb, ldq, kb, ldk, 0.0f, p, kv_len);
+      for (std::int64_t i = 0; i < q_len; ++i) {
+        const std::int64_t visible = std::clamp<std::int64_t>(q_positions[b * q_len + i] + 1, 0, kv_len);
+        softmax_forward(hst, p + i * kv_len, 1, kv_len, visible, p + i * kv_len);
+      }
+      gemm(hst, false, false, q_len, head_dim, kv_len, 1.0f, p, kv_len, vb, ldk, 0.0f,
+           out + b * q_len * ldq + h * head_dim, ldq);
+    }
+  }
+}
+
+/// Gradients of attention_forward from its inputs q, k, v, the saved probs and
+/// dout [batch, q_len, q_heads, head_dim]:
+/// dP = dO V^T, dS = P * (dP - rowsum(P * dP)), dQ = scale dS K, dK = scale dS^T Q, dV = P^T dO,
+/// where dK and dV of a kv head sum over the q heads of its group. Overwrites
+/// dq [batch, q_len, q_heads, head_dim], dk and dv [batch, kv_len, kv_heads, head_dim].
+inline void attention_backward(Host hst, const float* q, const float* k, const float* v, const float* probs,
+                               const float* dout, std::int64_t batch, std::int64_t q_len, std::int64_t kv_len,
+                               std::int64_t q_heads, std::int64_t kv_heads, std::int64_t head_dim, float* dq,
+                               float* dk, float* dv) {
+  detail::check_attention_shape(q_heads, kv_heads, head_dim);
+  const std::int64_t group = q_heads / kv_heads;
+  const std::int64_t ldq = q_heads * head_dim, ldk = kv_heads * head_dim;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  std::vector<float> ds(static_cast<std::size_t>(q_len * kv_len));
+  for (std::int64_t b = 0; b < batch; ++b) {
+    for (std::int64_t h = 0; h < q_heads; ++h) {
+      const std::int64_t g = h / group;
+      const float beta = h % group == 0 ? 0.0f : 1.0f;  // first q head of a group overwrites dk/dv
+      const std::int64_t qoff = b * q_len * ldq + h * head_dim, koff = b * kv_len * ldk + g * head_dim;
+      const float* p = probs + (b * q_heads + h) * q_len * kv_len;
+      gemm(hst, false, true, q_len, kv_len, head_dim, 1.0f, dout + qoff, ldq, v + koff, ldk, 0.0f, ds.data(),
+           kv_len);
+      softmax_backward(hst, p, ds.data(), q_len, kv_len, ds.data());
+      gemm(hst, false, false, q_len, head_dim, kv_len, scale, ds.data(), kv_len, k + koff, ldk, 0.0f, dq + qoff,
+           ldq);
+      gemm(hst, true, false, kv_len, head_dim, q_len, scale, ds.data(), kv_len, q + qoff, ldq, beta, dk + koff, ldk);
+      gemm(hst, true, false, kv_len, head_dim, q_len, 1.0f, p, kv_len, dout + qoff, ldq, beta, dv + koff, ldk);
+    }
+  }
+}
+
+}  // namespace dsp::backend

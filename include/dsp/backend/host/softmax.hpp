@@ -1,0 +1,49 @@
+#pragma once
+// Row-wise softmax with trailing masked/padding columns.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "dsp/backend/host/host.hpp"
+#include "dsp/core/error.hpp"
+
+namespace dsp::backend {
+
+/// y [rows, cols] = softmax over the first `valid` columns of each row of x [rows, cols]
+/// (max-subtracted, sum accumulated in fp64); columns >= valid get probability exactly 0, and
+/// a row with valid == 0 is all zeros. Overwrites y; y == x allowed.
+inline void softmax_forward(Host, const float* x, std::int64_t rows, std::int64_t cols, std::int64_t valid,
+                            float* y) {
+  DSP_CHECK(valid >= 0 && valid <= cols, "softmax: valid=", valid, " outside [0, cols=", cols, "]");
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * cols;
+    float* yr = y + r * cols;
+    const float mx = valid > 0 ? *std::max_element(xr, xr + valid) : 0.0f;
+    double sum = 0.0;
+    for (std::int64_t j = 0; j < valid; ++j) {
+      yr[j] = std::exp(xr[j] - mx);
+      sum += yr[j];
+    }
+    const float inv = static_cast<float>(1.0 / sum);
+    for (std::int64_t j = 0; j < valid; ++j) yr[j] *= inv;
+    std::fill(yr + valid, yr + cols, 0.0f);
+  }
+}
+
+/// dx [rows, cols] = y * (dy - sum_j y[j] dy[j]) per row, the softmax Jacobian-vector
+/// product from the forward's output y [rows, cols] and dy [rows, cols]; masked columns
+/// (y == 0) get exactly 0. Overwrites dx; dx == dy allowed.
+inline void softmax_backward(Host, const float* y, const float* dy, std::int64_t rows, std::int64_t cols,
+                             float* dx) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* yr = y + r * cols;
+    const float* dyr = dy + r * cols;
+    float* dxr = dx + r * cols;
+    double s = 0.0;
+    for (std::int64_t j = 0; j < cols; ++j) s += static_cast<double>(yr[j]) * dyr[j];
+    const float sf = static_cast<float>(s);
+    for (std::int64_t j = 0; j < cols; ++j) dxr[j] = yr[j] * (dyr[j] - sf);
+  }
+}
+
+}  // namespace dsp::backend
