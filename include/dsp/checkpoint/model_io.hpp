@@ -1,0 +1,47 @@
+#pragma once
+// Glue between a CausalLM and the model-agnostic checkpoint code: the model's state (its
+// parameters' shards and specs), its config in the manifest, and loading it at any TP size.
+#include <filesystem>
+#include <vector>
+
+#include "dsp/checkpoint/load.hpp"
+#include "dsp/checkpoint/manifest.hpp"
+#include "dsp/checkpoint/state.hpp"
+#include "dsp/model/causal_lm.hpp"
+
+namespace dsp::checkpoint {
+
+/// Every parameter of this rank as a checkpoint entry (the model owns the tensors).
+template <class Policy>
+State model_state(model::CausalLM<Policy>& m) {
+  State s;
+  for (auto* p : m.parameters()) s.push_back({p->spec, &p->value});
+  return s;
+}
+
+/// The model config a checkpoint was saved with. Throws CheckpointError as load_manifest
+/// (missing manifest, bad checksums) and ConfigError when the config lacks a field.
+inline model::ModelConfig read_model_config(const std::filesystem::path& dir) {
+  return model::ModelConfig::from_hf_json(load_manifest(dir).meta.model_config);
+}
+
+/// Throws CheckpointError when the manifest's model config is not `expected`.
+inline void check_model_config(const std::filesystem::path& dir, const Manifest& m, const model::ModelConfig& expected) {
+  const nlohmann::json want = expected.to_hf_json();
+  for (const auto& [key, value] : want.items())
+    DSP_CHECK_AS(CheckpointError, m.meta.model_config.contains(key) && m.meta.model_config.at(key) == value,
+                 "checkpoint ", dir.string(), " is of another model config: ", key, " is ",
+                 m.meta.model_config.contains(key) ? m.meta.model_config.at(key).dump() : std::string("missing"),
+                 ", this run uses ", value.dump());
+}
+
+/// Loads the parameters of `m` (any TP size: resharding straight from the manifest);
+/// collective-free, every rank reads what it needs. Throws CheckpointError as load_into and
+/// check_model_config. Returns the manifest.
+template <class Policy>
+Manifest load_model(const std::filesystem::path& dir, model::CausalLM<Policy>& m) {
+  check_model_config(dir, load_manifest(dir), m.config());
+  return load_into(dir, model_state(m), m.tensor_group().size(), m.tensor_group().rank());
+}
+
+}  // namespace dsp::checkpoint

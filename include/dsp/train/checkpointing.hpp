@@ -1,0 +1,82 @@
+#pragma once
+// Saving and resuming training: parameters, AdamW moments and step (hence the LR position)
+// and the data position, so a resumed run continues with exactly the losses of an
+// uninterrupted one. Parameters and moments are saved as TP shards by data-parallel replica
+// 0; loading reads them at any TP size (the manifest holds every split).
+#include <filesystem>
+#include <optional>
+#include <span>
+#include <string>
+
+#include "dsp/checkpoint/model_io.hpp"
+#include "dsp/checkpoint/save.hpp"
+#include "dsp/train/trainer.hpp"
+
+namespace dsp::train {
+
+/// Parameters and both AdamW moments ("optimizer.exp_avg.<name>", "optimizer.exp_avg_sq.<name>",
+/// split like the parameter) of this rank.
+template <class Policy>
+checkpoint::State training_state(Trainer<Policy>& t) {
+  checkpoint::State s = checkpoint::model_state(t.model());
+  auto& opt = t.optimizer();
+  for (std::size_t i = 0; i < opt.parameters().size(); ++i) {
+    const ShardedTensor& spec = opt.parameters()[i]->spec;
+    for (auto [prefix, moment] : {std::pair{"exp_avg.", &opt.exp_avg(i)}, std::pair{"exp_avg_sq.", &opt.exp_avg_sq(i)}}) {
+      ShardedTensor m = spec;
+      m.name = std::string(checkpoint::optimizer_prefix) + prefix + spec.name;
+      s.push_back({std::move(m), moment});
+    }
+  }
+  return s;
+}
+
+/// Writes the training state to `dir` atomically (an existing checkpoint there is replaced
+/// only once the new one is complete). Collective over the whole mesh: the ranks of DP
+/// replica 0 write their shard files in parallel, global rank 0 writes the manifest and
+/// commits. Throws CheckpointError naming the file when writing fails.
+template <class Policy>
+void save_checkpoint(const std::filesystem::path& dir, Trainer<Policy>& t) {
+  auto& mesh = t.mesh();
+  if (mesh.dp_rank() == 0) {
+    auto& mp = mesh.model_group();  // the TP x PP ranks of replica 0; its rank 0 is global rank 0
+    std::optional<checkpoint::AtomicDir> staging;
+    std::string tmp;
+    if (mp.rank() == 0) {
+      staging.emplace(dir);
+      tmp = staging->tmp_path().string();
+    }
+    std::vector<std::int64_t> len{static_cast<std::int64_t>(tmp.size())};
+    mp.broadcast(std::span(len), 0);
+    tmp.resize(static_cast<std::size_t>(len[0]));
+    mp.broadcast(std::span(tmp.data(), tmp.size()), 0);
+    checkpoint::write_shard_file(tmp, training_state(t), mesh.tp_size(), mesh.tp_rank(), mesh.pp_rank());
+    mp.barrier();
+    if (mp.rank() == 0) {
+      checkpoint::CheckpointMeta meta;
+      meta.model_config = t.model().config().to_hf_json();
+      meta.layout = mesh.layout();
+      meta.iteration = t.iteration();
+      meta.extra = {{"sampler", t.sampler().state()}, {"seed", t.config().seed}};
+      checkpoint::write_manifest_and_commit(*staging, meta);
+    }
+    mp.barrier();
+  }
+  mesh.data_group().barrier();  // nobody reads `dir` before it is complete
+}
+
+/// Resumes from `dir` (saved at any TP size): parameters, moments, optimizer step and data
+/// position. Throws CheckpointError for a missing, truncated or corrupted checkpoint or one
+/// of another model config or seed.
+template <class Policy>
+void load_checkpoint(const std::filesystem::path& dir, Trainer<Policy>& t) {
+  const checkpoint::Manifest m = checkpoint::load_manifest(dir);
+  checkpoint::check_model_config(dir, m, t.model().config());
+  DSP_CHECK_AS(CheckpointError, m.meta.extra.contains("sampler") && m.meta.extra.value("seed", std::uint64_t{0}) == t.config().seed,
+               "checkpoint ", dir.string(), " holds no training state for seed ", t.config().seed);
+  checkpoint::load_into(dir, training_state(t), t.mesh().tp_size(), t.mesh().tp_rank());
+  t.optimizer().set_steps(m.meta.iteration);
+  t.sampler().set_state(m.meta.extra.at("sampler").get<dp::DataSampler::State>());
+}
+
+}  // namespace dsp::train

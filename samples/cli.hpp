@@ -1,0 +1,84 @@
+#pragma once
+// Shared command-line plumbing of the samples: error reporting, --config JSON files and the
+// policy the samples run with.
+#include <algorithm>
+#include <cstdio>
+#include <exception>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "dsp/backend/host.hpp"
+#include "dsp/comm/launch.hpp"
+#include "dsp/core/error.hpp"
+#include "dsp/policy.hpp"
+
+namespace samples {
+
+using HostPolicy = dsp::Policy<dsp::backend::Host, dsp::comm::ThreadComm>;
+
+std::vector<std::string> with_config_file(int argc, char** argv);
+
+/// Parses the command line (with --config FILE merged in, see with_config_file) and runs body;
+/// a dsp or standard error becomes "error: <message>" on stderr and exit code 1, a
+/// command-line error CLI11's message and its exit code.
+template <class Body>
+int run_main(CLI::App& app, int argc, char** argv, Body body) {
+  try {
+    std::string config_path;
+    app.add_option("--config", config_path, "JSON file of flag values (flags on the command line win)");
+    for (CLI::Option* opt : app.get_options(std::function<bool(CLI::Option*)>{}))  // a flag after the config file's value wins
+      if (opt->get_expected_max() <= 1) opt->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+    auto args = with_config_file(argc, argv);
+    std::reverse(args.begin(), args.end());  // CLI11 takes the vector form in reverse order
+    app.parse(args);
+    body();
+    return 0;
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}
+
+/// Turns a JSON config file ({"tensor-model-parallel-size": 2, "lr": 1e-3, "untie-embeddings-
+/// and-output-weights": true, ...}; keys are the flags' long names, '_' accepted for '-')
+/// into command-line arguments placed before the real ones, so flags override the file.
+/// Throws dsp::InputError for a missing or malformed file.
+inline std::vector<std::string> with_config_file(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  std::string path;
+  for (std::size_t i = 0; i + 1 < args.size(); ++i)
+    if (args[i] == "--config") path = args[i + 1];
+  for (const auto& a : args)
+    if (a.rfind("--config=", 0) == 0) path = a.substr(9);
+  if (path.empty()) return args;
+  std::ifstream in(path);
+  DSP_CHECK_AS(dsp::InputError, in.good(), "config file '", path, "' cannot be opened");
+  nlohmann::json j;
+  try {
+    in >> j;
+  } catch (const nlohmann::json::exception& e) {
+    throw dsp::InputError(dsp::detail::concat("config file '", path, "' is not valid JSON: ", e.what()));
+  }
+  DSP_CHECK_AS(dsp::InputError, j.is_object(), "config file '", path, "' must hold a JSON object");
+  std::vector<std::string> from_file;
+  for (const auto& [key, value] : j.items()) {
+    std::string flag = "--" + key;
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    if (value.is_boolean()) {
+      if (value.get<bool>()) from_file.push_back(flag);
+    } else {
+      from_file.push_back(flag);
+      from_file.push_back(value.is_string() ? value.get<std::string>() : value.dump());
+    }
+  }
+  args.insert(args.begin(), from_file.begin(), from_file.end());
+  return args;
+}
+
+}  // namespace samples

@@ -1,0 +1,158 @@
+// dsp-train: trains the dense decoder on a byte-level text file with tensor and data
+// parallelism (threads as ranks), Megatron flag spelling. Writes JSON-lines metrics, a
+// live progress line on a terminal, and sharded checkpoints.
+//
+//   dsp-train --world-size 4 --tensor-model-parallel-size 2 --data-path data/tinyshakespeare.txt \
+//             --train-iters 300 --save ckpt --metrics-file metrics.jsonl
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <mutex>
+#include <optional>
+
+#include "cli.hpp"
+#include "dsp/train/checkpointing.hpp"
+#include "dsp/train/metrics.hpp"
+#include "dsp/train/trainer.hpp"
+
+namespace {
+
+struct Options {
+  int world_size = 1;
+  int tensor_parallel = 1;
+  dsp::model::ModelConfig model;
+  bool untie = false;
+  dsp::train::TrainConfig train;
+  std::int64_t eval_interval = 0, save_interval = 0, exit_interval = 0, log_interval = 10;
+  std::string data_path, save, load, metrics_file;
+  double peak_flops = 0;
+};
+
+void add_flags(CLI::App& app, Options& o) {
+  app.add_option("--world-size", o.world_size, "ranks (threads); data-parallel size = world / (TP x PP)");
+  app.add_option("--tensor-model-parallel-size", o.tensor_parallel, "tensor-parallel size");
+  app.add_option("--num-layers", o.model.num_layers, "decoder layers");
+  app.add_option("--hidden-size", o.model.hidden_size, "hidden size");
+  app.add_option("--num-attention-heads", o.model.num_attention_heads, "attention heads");
+  app.add_option("--num-query-groups", o.model.num_query_groups, "key/value heads (GQA); default = heads");
+  app.add_option("--ffn-hidden-size", o.model.ffn_hidden_size, "SwiGLU intermediate size");
+  app.add_option("--seq-length", o.model.seq_length, "tokens per sequence");
+  app.add_option("--vocab-size", o.model.vocab_size, "vocabulary (bytes: 256)");
+  app.add_option("--rotary-base", o.model.rope_theta, "RoPE theta");
+  app.add_option("--norm-epsilon", o.model.norm_epsilon, "RMSNorm epsilon");
+  app.add_option("--init-method-std", o.model.init_method_std, "std of the normal initialisation");
+  app.add_flag("--untie-embeddings-and-output-weights", o.untie, "separate output layer (default: tied)");
+  app.add_option("--micro-batch-size", o.train.micro_batch_size, "sequences per micro-batch per DP rank");
+  app.add_option("--global-batch-size", o.train.global_batch_size, "sequences per optimizer step");
+  app.add_option("--train-iters", o.train.train_iters, "optimizer steps");
+  app.add_option("--lr", o.train.lr, "peak learning rate");
+  app.add_option("--min-lr", o.train.min_lr, "final learning rate of the cosine decay");
+  app.add_option("--lr-warmup-iters", o.train.lr_warmup_iters, "linear warmup steps");
+  app.add_option("--lr-decay-iters", o.train.lr_decay_iters, "end of the cosine decay (default: train-iters)");
+  app.add_option("--weight-decay", o.train.adam.weight_decay, "AdamW decoupled weight decay");
+  app.add_option("--adam-beta1", o.train.adam.beta1, "AdamW beta1");
+  app.add_option("--adam-beta2", o.train.adam.beta2, "AdamW beta2");
+  app.add_option("--adam-eps", o.train.adam.eps, "AdamW epsilon");
+  app.add_option("--clip-grad", o.train.clip_grad, "global gradient-norm clip (0: off)");
+  app.add_option("--seed", o.train.seed, "seed of parameters and data order");
+  app.add_option("--eval-interval", o.eval_interval, "evaluate every N steps (0: only at the end)");
+  app.add_option("--eval-iters", o.train.eval_iters, "validation global batches per evaluation");
+  app.add_option("--log-interval", o.log_interval, "log line every N steps when not on a terminal");
+  app.add_option("--save", o.save, "checkpoint directory to write");
+  app.add_option("--save-interval", o.save_interval, "save every N steps (0: only at the end)");
+  app.add_option("--exit-interval", o.exit_interval, "stop (after saving) at the first step divisible by N");
+  app.add_option("--load", o.load, "checkpoint directory to resume from");
+  app.add_option("--data-path", o.data_path, "text file; bytes are tokens, the last 10% is validation")->required();
+  app.add_option("--metrics-file", o.metrics_file, "JSON lines: step, loss, val_loss, lr, grad_norm, tokens_per_s, mfu");
+  app.add_option("--peak-flops", o.peak_flops, "FLOP/s that MFU is measured against (default: measured sgemm peak)");
+}
+
+std::string eta(double seconds) {
+  const auto s = static_cast<long>(seconds);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%ldm%02lds", s / 60, s % 60);
+  return buf;
+}
+
+void train(Options& o) {
+  using P = samples::HostPolicy;
+  o.model.tie_word_embeddings = !o.untie;
+  if (o.peak_flops <= 0) o.peak_flops = dsp::train::measure_sgemm_peak<dsp::backend::Host>();
+  const auto data = dsp::train::TokenDataset::from_file(o.data_path, o.model.seq_length);
+  const double flops_per_token = dsp::train::training_flops_per_token(o.model);
+  const bool tty = isatty(fileno(stdout));
+
+  dsp::comm::launch(o.world_size, [&](dsp::comm::ThreadComm& world) {
+    dsp::DeviceMesh mesh(world, dsp::ParallelLayout{.tensor = o.tensor_parallel});
+    dsp::train::Trainer<P> trainer(o.model, o.train, mesh, data);
+    if (!o.load.empty()) dsp::train::load_checkpoint(o.load, trainer);
+    const bool lead = world.rank() == 0;
+    std::optional<std::ofstream> metrics;
+    if (lead) {
+      std::printf("dsp-train: %s, %lld parameters, %lld micro-batches of %lld per DP rank per step, peak %.1f GFLOP/s\n",
+                  mesh.layout().str().c_str(), static_cast<long long>(o.model.num_parameters()),
+                  static_cast<long long>(trainer.sampler().accumulation_steps()),
+                  static_cast<long long>(o.train.micro_batch_size), o.peak_flops / 1e9);
+      if (!o.metrics_file.empty()) {
+        metrics.emplace(o.metrics_file, trainer.iteration() > 0 ? std::ios::app : std::ios::trunc);
+        DSP_CHECK_AS(dsp::InputError, metrics->good(), "cannot write metrics file '", o.metrics_file, "'");
+      }
+    }
+    const auto t_start = std::chrono::steady_clock::now();
+    const std::int64_t first = trainer.iteration();
+    while (trainer.iteration() < o.train.train_iters) {
+      const auto r = trainer.train_step();
+      const bool last = r.iteration == o.train.train_iters;
+      const bool stop = last || (o.exit_interval > 0 && r.iteration % o.exit_interval == 0);
+      const bool eval = last || (o.eval_interval > 0 && r.iteration % o.eval_interval == 0);
+      const double val = eval ? trainer.evaluate() : 0.0;
+      if (!o.save.empty() && (stop || (o.save_interval > 0 && r.iteration % o.save_interval == 0)))
+        dsp::train::save_checkpoint(o.save, trainer);
+      if (lead) {
+        const double tps = static_cast<double>(r.tokens) / r.seconds;
+        const double mfu = dsp::train::mfu(flops_per_token, tps, o.peak_flops);
+        if (metrics) {
+          nlohmann::json j = {{"step", r.iteration}, {"loss", r.loss},         {"lr", r.lr},
+                              {"grad_norm", r.grad_norm}, {"tokens_per_s", tps}, {"mfu", mfu},
+                              {"step_time_s", r.seconds}};
+          if (eval) j["val_loss"] = val;
+          *metrics << j.dump() << '\n' << std::flush;
+        }
+        const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+        const double remaining = elapsed / static_cast<double>(r.iteration - first) *
+                                 static_cast<double>(o.train.train_iters - r.iteration);
+        char line[256];
+        std::snprintf(line, sizeof line, "iter %5lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | MFU %.1f%% | eta %s",
+                      static_cast<long long>(r.iteration), static_cast<long long>(o.train.train_iters), r.loss, r.lr,
+                      r.grad_norm, tps, 100 * mfu, eta(remaining).c_str());
+        if (tty) std::printf("\r%s\033[K", line);
+        if (eval || (!tty && (r.iteration % o.log_interval == 0 || stop))) {
+          if (tty) std::printf("\n");
+          std::printf(eval ? "%s | val loss %.4f\n" : "%s\n", line, val);
+        }
+        std::fflush(stdout);
+      }
+      if (stop) break;
+    }
+    if (lead) {
+      const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+      std::printf("trained %lld steps in %.1f s%s%s\n", static_cast<long long>(trainer.iteration() - first), elapsed,
+                  o.save.empty() ? "" : ", checkpoint in ", o.save.c_str());
+    }
+  });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"dsp-train: tensor- and data-parallel training of a dense decoder on byte-level text"};
+  Options o;
+  add_flags(app, o);
+  return samples::run_main(app, argc, argv, [&] {
+    if (o.model.num_query_groups <= 0 || app.count("--num-query-groups") == 0)
+      o.model.num_query_groups = o.model.num_attention_heads;
+    train(o);
+  });
+}

@@ -1,0 +1,76 @@
+// Bad configurations fail before any work with a message that names the numbers.
+#include <doctest/doctest.h>
+
+#include "dsp/backend/host.hpp"
+#include "dsp/comm/launch.hpp"
+#include "dsp/policy.hpp"
+#include "dsp/train/trainer.hpp"
+
+using namespace dsp;
+using P = Policy<backend::Host, comm::ThreadComm>;
+
+namespace {
+model::ModelConfig config() {
+  model::ModelConfig c;
+  c.vocab_size = 256;
+  c.hidden_size = 48;
+  c.num_layers = 1;
+  c.num_attention_heads = 6;
+  c.num_query_groups = 3;
+  c.ffn_hidden_size = 96;
+  c.seq_length = 16;
+  return c;
+}
+
+// Builds a model at (world, tp) and returns the error message (empty if none).
+std::string build(const model::ModelConfig& c, int world, int tp) {
+  try {
+    comm::launch(world, [&](comm::ThreadComm& w) {
+      DeviceMesh mesh(w, ParallelLayout{.tensor = tp});
+      model::CausalLM<P> m(c, mesh, 1);
+    });
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return {};
+}
+}  // namespace
+
+TEST_CASE("a layout that does not divide the world size names both numbers") {
+  CHECK(build(config(), 3, 2) == "world size 3 is not divisible by tensor-model-parallel-size x "
+                                 "pipeline-model-parallel-size = 2 x 1 = 2");
+}
+
+TEST_CASE("model sizes that do not divide by TP name the size and the TP degree") {
+  CHECK(build(config(), 3, 3) == "");  // 48 hidden, 6 heads, 3 groups, 96 ffn all divide by 3
+  auto c = config();
+  c.hidden_size = 50;  // not divisible by 6 heads
+  CHECK(build(c, 1, 1) == "hidden size (50) is not divisible by 6");
+  c = config();
+  c.hidden_size = 12;  // 6 heads of 2; TP 8
+  c.num_query_groups = 6;
+  CHECK(build(c, 8, 8) == "hidden size (12) is not divisible by 8");
+  c = config();
+  c.ffn_hidden_size = 98;
+  CHECK(build(c, 3, 3) == "ffn hidden size (98) is not divisible by 3");
+  c = config();
+  c.num_attention_heads = 12;  // head dim 4; 3 query groups on TP 2: neither divides the other
+  CHECK(build(c, 2, 2) == "number of query groups (3) and tensor-model-parallel-size (2) must divide one another");
+}
+
+TEST_CASE("heads not divisible by TP") {
+  auto c = config();
+  c.num_query_groups = 6;
+  CHECK(build(c, 4, 4) == "number of attention heads (6) is not divisible by 4");
+}
+
+TEST_CASE("a missing data file is an InputError naming the file") {
+  CHECK_THROWS_WITH_AS(train::TokenDataset::from_file("/nonexistent/corpus.txt", 16),
+                       "data file '/nonexistent/corpus.txt' cannot be opened (missing?)", InputError);
+}
+
+TEST_CASE("a global batch that micro-batch x DP does not divide names the numbers") {
+  CHECK_THROWS_WITH_AS(dp::DataSampler(100, 3, 8, 2, 0, 1),
+                       "global batch size (micro batch size x data-parallel size = 6) (8) is not divisible by 6",
+                       ConfigError);
+}
