@@ -81,4 +81,18 @@ inline std::vector<std::string> with_config_file(int argc, char** argv) {
   return args;
 }
 
+/// Prompts for the serving samples: one per line of `path`, with the two characters "\n"
+/// standing for a newline. Throws dsp::InputError when the file cannot be read or is empty.
+inline std::vector<std::string> read_prompts_file(const std::string& path) {
+  std::ifstream in(path);
+  DSP_CHECK_AS(dsp::InputError, in.good(), "prompts file '", path, "' cannot be opened");
+  std::vector<std::string> prompts;
+  for (std::string line; std::getline(in, line);) {
+    for (std::size_t i; (i = line.find("\\n")) != std::string::npos;) line.replace(i, 2, "\n");
+    if (!line.empty()) prompts.push_back(line);
+  }
+  DSP_CHECK_AS(dsp::InputError, !prompts.empty(), "prompts file '", path, "' holds no prompt");
+  return prompts;
+}
+
 }  // namespace samples
