@@ -1,0 +1,209 @@
+#pragma once
+// Manifest: the file `manifest.json` at the root of a checkpoint directory. It makes the
+// checkpoint self-describing (every tensor's ShardedTensor spec, the layout it was saved at)
+// and verifiable (every file's size and CRC-32). Format, version 1:
+//
+//   {"format": "dsp-checkpoint", "version": 1,
+//    "iteration": 1000,
+//    "layout": {"tensor": 2, "pipeline": 1, "data": 4, "expert": 1},
+//    "model_config": {...},              // opaque, supplied by the caller (Hugging Face config)
+//    "tensors": [<ShardedTensor JSON>, ...],
+//    "files": {"model_tp00_pp000.safetensors":
+//                {"size": 123456, "crc32": "89abcdef", "tp_rank": 0, "pp_rank": 0}, ...},
+//    "extra": {...}}                     // opaque trainer state: LR position, RNG, data position
+//
+// "size" is in bytes; "crc32" is zlib's crc32 of the whole file as 8 lower-case hex digits.
+#include <charconv>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <filesystem>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "dsp/checkpoint/file_io.hpp"
+#include "dsp/core/error.hpp"
+#include "dsp/parallel/layout.hpp"
+#include "dsp/parallel/sharded_tensor.hpp"
+
+namespace dsp::checkpoint {
+
+/// Name of the manifest inside a checkpoint directory.
+inline constexpr std::string_view manifest_file_name = "manifest.json";
+/// Value of the manifest's "format" field.
+inline constexpr std::string_view manifest_format = "dsp-checkpoint";
+/// The manifest version this code writes and reads.
+inline constexpr int manifest_version = 1;
+
+/// A file of the checkpoint: its size and checksum, and which ranks wrote it.
+struct FileRecord {
+  std::uint64_t size = 0;   ///< bytes
+  std::uint32_t crc32 = 0;  ///< zlib crc32 of the whole file
+  int tp_rank = 0;
+  int pp_rank = 0;
+  bool operator==(const FileRecord&) const = default;
+};
+
+/// What the caller supplies besides tensors; carried unchanged through load, reshard and merge
+/// (reshard replaces the layout).
+struct CheckpointMeta {
+  /// Opaque model description (a Hugging Face config); merge writes it as config.json.
+  nlohmann::json model_config = nlohmann::json::object();
+  /// The layout the checkpoint was saved at.
+  ParallelLayout layout{.tensor = 1, .pipeline = 1, .data = 1, .expert = 1};
+  /// Training iteration.
+  std::int64_t iteration = 0;
+  /// Opaque trainer state: LR schedule position, RNG, data position, per-data-parallel-rank info.
+  nlohmann::json extra = nlohmann::json::object();
+};
+
+/// The parsed manifest.json.
+struct Manifest {
+  CheckpointMeta meta;
+  std::vector<ShardedTensor> tensors;       ///< every tensor of the checkpoint, in save order
+  std::map<std::string, FileRecord> files;  ///< file name (inside the directory) -> record
+
+  /// The spec of tensor `name`, or nullptr when the checkpoint has none.
+  const ShardedTensor* find(std::string_view name) const {
+    for (const ShardedTensor& t : tensors)
+      if (t.name == name) return &t;
+    return nullptr;
+  }
+};
+
+/// 8 lower-case hex digits.
+inline std::string crc32_hex(std::uint32_t crc) {
+  char hex[9];
+  std::snprintf(hex, sizeof hex, "%08x", static_cast<unsigned>(crc));
+  return hex;
+}
+
+/// Inverse of crc32_hex; throws std::invalid_argument unless `hex` is 8 hex digits.
+inline std::uint32_t parse_crc32_hex(std::string_view hex) {
+  std::uint32_t crc = 0;
+  const auto [end, err] = std::from_chars(hex.data(), hex.data() + hex.size(), crc, 16);
+  if (hex.size() != 8 || err != std::errc() || end != hex.data() + hex.size())
+    throw std::invalid_argument("crc32 '" + std::string(hex) + "' is not 8 hex digits");
+  return crc;
+}
+
+/// FileRecord as {"size", "crc32" (crc32_hex), "tp_rank", "pp_rank"}.
+inline void to_json(nlohmann::json& j, const FileRecord& r) {
+  j = {{"size", r.size}, {"crc32", crc32_hex(r.crc32)}, {"tp_rank", r.tp_rank}, {"pp_rank", r.pp_rank}};
+}
+/// Inverse of to_json(FileRecord); throws nlohmann::json exceptions or std::invalid_argument
+/// (crc32) on malformed input.
+inline void from_json(const nlohmann::json& j, FileRecord& r) {
+  r.size = j.at("size").get<std::uint64_t>();
+  r.crc32 = parse_crc32_hex(j.at("crc32").get<std::string>());
+  r.tp_rank = j.at("tp_rank").get<int>();
+  r.pp_rank = j.at("pp_rank").get<int>();
+}
+
+/// The manifest JSON described at the top of this header.
+inline void to_json(nlohmann::json& j, const Manifest& m) {
+  const ParallelLayout& l = m.meta.layout;
+  j = {{"format", manifest_format},
+       {"version", manifest_version},
+       {"iteration", m.meta.iteration},
+       {"layout", {{"tensor", l.tensor}, {"pipeline", l.pipeline}, {"data", l.data}, {"expert", l.expert}}},
+       {"model_config", m.meta.model_config},
+       {"tensors", m.tensors},
+       {"files", m.files},
+       {"extra", m.meta.extra}};
+}
+/// Reads every field except "format" and "version" (read_manifest checks those).
+inline void from_json(const nlohmann::json& j, Manifest& m) {
+  const nlohmann::json& l = j.at("layout");
+  m.meta.layout = {.tensor = l.at("tensor").get<int>(),
+                   .pipeline = l.at("pipeline").get<int>(),
+                   .data = l.at("data").get<int>(),
+                   .expert = l.value("expert", 1)};
+  m.meta.iteration = j.at("iteration").get<std::int64_t>();
+  m.meta.model_config = j.at("model_config");
+  m.meta.extra = j.value("extra", nlohmann::json::object());
+  m.tensors = j.at("tensors").get<std::vector<ShardedTensor>>();
+  m.files = j.at("files").get<std::map<std::string, FileRecord>>();
+}
+
+/// Writes `dir`/manifest.json (2-space indented). Throws CheckpointError naming the file when
+/// it cannot be written.
+inline void write_manifest(const std::filesystem::path& dir, const Manifest& m) {
+  write_text(dir / manifest_file_name, nlohmann::json(m).dump(2) + "\n");
+}
+
+/// Parses `dir`/manifest.json without verifying the files it lists. Throws CheckpointError:
+/// "no manifest.json in <dir>" when it is absent; naming the file when it is not valid JSON of
+/// the form above, its format or version is not this code's, a layout size is < 1, a file name
+/// is not a plain name inside the directory, or a file's ranks lie outside the layout.
+inline Manifest read_manifest(const std::filesystem::path& dir) {
+  const std::filesystem::path path = dir / manifest_file_name;
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec))
+    throw CheckpointError(dsp::detail::concat("no ", manifest_file_name, " in ", dir.string()));
+  const auto fail = [&](const auto&... what) {
+    return CheckpointError(dsp::detail::concat(path.string(), ": ", what...));
+  };
+  const nlohmann::json j = nlohmann::json::parse(read_text(path), nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) throw fail("not a JSON object");
+  const nlohmann::json format = j.value("format", nlohmann::json()),
+                       version = j.value("version", nlohmann::json());
+  if (format != nlohmann::json(manifest_format))
+    throw fail("not a ", manifest_format, " manifest (format ", format.dump(), ")");
+  if (version != manifest_version)
+    throw fail("version ", version.dump(), " is not supported (this code reads version ", manifest_version, ")");
+  Manifest m;
+  try {
+    m = j.get<Manifest>();
+  } catch (const std::exception& e) {
+    throw fail("malformed manifest: ", e.what());
+  }
+  const ParallelLayout& l = m.meta.layout;
+  if (l.tensor < 1 || l.pipeline < 1 || l.data < 1 || l.expert < 1) throw fail("invalid layout ", l.str());
+  for (const auto& [name, record] : m.files) {
+    if (std::filesystem::path(name).filename() != name || name == "." || name == "..")
+      throw fail("file name '", name, "' is not a plain file name");
+    if (record.tp_rank < 0 || record.tp_rank >= l.tensor || record.pp_rank < 0 || record.pp_rank >= l.pipeline)
+      throw fail(name, " has TP rank ", record.tp_rank, " / PP rank ", record.pp_rank, ", outside layout ",
+                 l.str());
+  }
+  return m;
+}
+
+/// Checks every file the manifest lists, in `dir`, against its recorded size and CRC-32. Throws
+/// CheckpointError naming the file when it is missing, or has another size or checksum (the
+/// message gives the manifest's value and the file's).
+inline void verify_files(const std::filesystem::path& dir, const Manifest& m) {
+  for (const auto& [name, record] : m.files) {
+    const std::filesystem::path path = dir / name;
+    std::error_code ec;
+    if (!std::filesystem::exists(path, ec))
+      throw CheckpointError(
+          dsp::detail::concat(path.string(), ": listed in ", manifest_file_name, " but missing"));
+    const std::uint64_t size = size_of_file(path);
+    if (size != record.size)
+      throw CheckpointError(dsp::detail::concat(path.string(), ": size is ", size, " bytes, ", manifest_file_name,
+                                                " expects ", record.size, " (truncated or overwritten)"));
+    const FileDigest digest = digest_file(path);
+    if (digest.crc32 != record.crc32)
+      throw CheckpointError(dsp::detail::concat(path.string(), ": crc32 is ", crc32_hex(digest.crc32), ", ",
+                                                manifest_file_name, " expects ", crc32_hex(record.crc32),
+                                                " (corrupted)"));
+  }
+}
+
+/// read_manifest + verify_files: the manifest of `dir`, every file it lists verified before
+/// any data is used. Throws CheckpointError as those two do.
+inline Manifest load_manifest(const std::filesystem::path& dir) {
+  Manifest m = read_manifest(dir);
+  verify_files(dir, m);
+  return m;
+}
+
+}  // namespace dsp::checkpoint

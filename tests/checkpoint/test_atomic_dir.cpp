@@ -1,0 +1,54 @@
+// AtomicDir: commit replaces the target in one step; an exception leaves it untouched.
+#include <doctest/doctest.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "dsp/checkpoint/atomic_dir.hpp"
+#include "dsp/checkpoint/file_io.hpp"
+#include "fixture.hpp"
+
+using namespace checkpoint_test;
+using dsp::checkpoint::AtomicDir;
+using dsp::checkpoint::read_text;
+using dsp::checkpoint::write_text;
+
+TEST_CASE("AtomicDir creates, then replaces, the target and leaves nothing behind") {
+  TempDir tmp;
+  const auto target = tmp / "ckpt";
+  {
+    AtomicDir staging(target);
+    CHECK(staging.tmp_path().parent_path() == tmp.path);
+    CHECK(staging.tmp_path().filename().string().starts_with("ckpt.tmp-"));
+    write_text(staging.tmp_path() / "a.txt", "first");
+    CHECK(!fs::exists(target));
+    staging.commit();
+    CHECK_THROWS_AS(staging.commit(), dsp::CheckpointError);
+  }
+  CHECK(read_text(target / "a.txt") == "first");
+  {
+    AtomicDir staging(tmp.path.string() + "/ckpt/");  // trailing slash names the same target
+    CHECK(staging.target() == target);
+    write_text(staging.tmp_path() / "b.txt", "second");
+    staging.commit();
+  }
+  CHECK(!fs::exists(target / "a.txt"));
+  CHECK(read_text(target / "b.txt") == "second");
+  CHECK(tmp.names() == std::vector<std::string>{"ckpt"});
+}
+
+TEST_CASE("AtomicDir destroyed without commit removes its temporary directory only") {
+  TempDir tmp;
+  const auto target = tmp / "ckpt";
+  fs::create_directories(target);
+  write_text(target / "keep.txt", "old");
+  CHECK_THROWS_AS(
+      [&] {
+        AtomicDir staging(target);
+        write_text(staging.tmp_path() / "keep.txt", "new");
+        throw std::runtime_error("writer failed");
+      }(),
+      std::runtime_error);
+  CHECK(read_text(target / "keep.txt") == "old");
+  CHECK(tmp.names() == std::vector<std::string>{"ckpt"});
+}
