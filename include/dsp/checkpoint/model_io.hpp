@@ -22,7 +22,7 @@ State model_state(model::CausalLM<Policy>& m) {
 /// The model config a checkpoint was saved with. Throws CheckpointError as load_manifest
 /// (missing manifest, bad checksums) and ConfigError when the config lacks a field.
 inline model::ModelConfig read_model_config(const std::filesystem::path& dir) {
-  return model::ModelConfig::from_hf_json(load_manifest(dir).meta.model_config);
+  return model::ModelConfig::from_hf_json(read_manifest(dir).meta.model_config);
 }
 
 /// Throws CheckpointError when the manifest's model config is not `expected`.
@@ -40,7 +40,7 @@ inline void check_model_config(const std::filesystem::path& dir, const Manifest&
 /// check_model_config. Returns the manifest.
 template <class Policy>
 Manifest load_model(const std::filesystem::path& dir, model::CausalLM<Policy>& m) {
-  check_model_config(dir, load_manifest(dir), m.config());
+  check_model_config(dir, read_manifest(dir), m.config());  // load_into verifies the files
   return load_into(dir, model_state(m), m.tensor_group().size(), m.tensor_group().rank());
 }
 

@@ -70,7 +70,7 @@ void save_checkpoint(const std::filesystem::path& dir, Trainer<Policy>& t) {
 /// of another model config or seed.
 template <class Policy>
 void load_checkpoint(const std::filesystem::path& dir, Trainer<Policy>& t) {
-  const checkpoint::Manifest m = checkpoint::load_manifest(dir);
+  const checkpoint::Manifest m = checkpoint::read_manifest(dir);  // load_into verifies every file
   checkpoint::check_model_config(dir, m, t.model().config());
   DSP_CHECK_AS(CheckpointError, m.meta.extra.contains("sampler") && m.meta.extra.value("seed", std::uint64_t{0}) == t.config().seed,
                "checkpoint ", dir.string(), " holds no training state for seed ", t.config().seed);
