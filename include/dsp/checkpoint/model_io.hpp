@@ -19,8 +19,9 @@ State model_state(model::CausalLM<Policy>& m) {
   return s;
 }
 
-/// The model config a checkpoint was saved with. Throws CheckpointError as load_manifest
-/// (missing manifest, bad checksums) and ConfigError when the config lacks a field.
+/// The model config a checkpoint was saved with (files are not verified here; loading does).
+/// Throws CheckpointError as read_manifest
+/// (missing or malformed manifest) and ConfigError when the config lacks a field.
 inline model::ModelConfig read_model_config(const std::filesystem::path& dir) {
   return model::ModelConfig::from_hf_json(read_manifest(dir).meta.model_config);
 }
