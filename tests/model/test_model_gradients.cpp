@@ -6,11 +6,12 @@
 // RowParallelLinear, SwiGLU MLP, the output layer (tied and untied) and the vocab-parallel
 // cross-entropy, at TP1, TP2 (K/V heads split) and TP4 (K/V heads replicated).
 //
-// Tolerance: the loss is fp32 per token, summed in double; its rounding noise is ~1e-7 x 5
-// nats, so with eps = 1e-2 the central difference carries ~5e-5 absolute error and an
-// O(eps^2 |L'''|) truncation error; directional derivatives here are O(0.1-1), so 2e-3
-// relative (with a 1e-4 absolute floor) is loose enough to be stable and tight enough that a
-// wrong factor, sign or missing term fails.
+// Tolerance: eps = 1e-3 along v ~ N(0, 1) per element. Truncation is O(eps^2 |L'''|) and the
+// loss (fp32 per token, summed in double) carries rounding noise of order 1e-7 x L ~ 4e-7,
+// i.e. ~2e-4 on the difference quotient; directional derivatives here are 0.05 to 5. So
+// 5e-3 relative + 2e-4 absolute; measured worst case 1.8e-3 relative (9e-5 absolute) on a
+// norm weight. With eps = 1e-2 curvature alone gives 10-20 % errors, so eps matters. A wrong
+// factor, sign or missing term in any backward is an O(1) error.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -82,8 +83,7 @@ void check_gradients(int tp, bool tied) {
       const double down = loss(m, false);
       p->value = saved;
       const double fd = (up - down) / (2.0 * eps);
-      CHECK(std::abs(fd - dot[0]) <= 2e-3 * std::abs(dot[0]) + 1e-4);
-      if (getenv("DSP_PRINT_FD")) printf("%s tp%d %g %g\n", p->spec.name.c_str(), tp, fd, dot[0]);
+      CHECK(std::abs(fd - dot[0]) <= 5e-3 * std::abs(dot[0]) + 2e-4);
     }
   });
 }
