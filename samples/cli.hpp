@@ -81,6 +81,20 @@ inline std::vector<std::string> with_config_file(int argc, char** argv) {
   return args;
 }
 
+/// `text` with every two-character sequence "\\n" replaced by a newline.
+inline std::string unescape_newlines(const std::string& text) {
+  std::string out;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '\\' && i + 1 < text.size() && text[i + 1] == 'n') {
+      out += '\n';
+      ++i;
+    } else {
+      out += text[i];
+    }
+  }
+  return out;
+}
+
 /// Prompts for the serving samples: one per line of `path`, with the two characters "\n"
 /// standing for a newline. Throws dsp::InputError when the file cannot be read or is empty.
 inline std::vector<std::string> read_prompts_file(const std::string& path) {
@@ -88,8 +102,7 @@ inline std::vector<std::string> read_prompts_file(const std::string& path) {
   DSP_CHECK_AS(dsp::InputError, in.good(), "prompts file '", path, "' cannot be opened");
   std::vector<std::string> prompts;
   for (std::string line; std::getline(in, line);) {
-    for (std::size_t i; (i = line.find("\\n")) != std::string::npos;) line.replace(i, 2, "\n");
-    if (!line.empty()) prompts.push_back(line);
+    if (!line.empty()) prompts.push_back(unescape_newlines(line));
   }
   DSP_CHECK_AS(dsp::InputError, !prompts.empty(), "prompts file '", path, "' holds no prompt");
   return prompts;

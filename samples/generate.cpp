@@ -28,8 +28,7 @@ int main(int argc, char** argv) {
   return samples::run_main(app, argc, argv, [&] {
     if (!prompts_file.empty()) prompts = samples::read_prompts_file(prompts_file);
     DSP_CHECK_AS(dsp::InputError, !prompts.empty(), "give --prompt TEXT or --prompts-file FILE");
-    for (auto& text : prompts)
-      for (std::size_t i; (i = text.find("\\n")) != std::string::npos;) text.replace(i, 2, "\n");
+    for (auto& text : prompts) text = samples::unescape_newlines(text);
     const auto config = dsp::checkpoint::read_model_config(load);
     if (tp <= 0) tp = dsp::checkpoint::load_manifest(load).meta.layout.tensor;
     std::vector<std::vector<std::int32_t>> ids;

@@ -2,7 +2,7 @@
 // parallelism (threads as ranks), Megatron flag spelling. Writes JSON-lines metrics, a
 // live progress line on a terminal, and sharded checkpoints.
 //
-//   dsp-train --world-size 4 --tensor-model-parallel-size 2 --data-path data/tinyshakespeare.txt \
+//   dsp-train --world-size 4 --tensor-model-parallel-size 2 --data-path data/tinyshakespeare.txt
 //             --train-iters 300 --save ckpt --metrics-file metrics.jsonl
 #include <unistd.h>
 
