@@ -159,3 +159,76 @@ TEST_CASE("mismatched sizes fail on every rank") {
                          }),
                   dsp::CommError);
 }
+
+TEST_CASE("a pending recv_async does not hold up a later send or collective") {
+  dsp::comm::LaunchOptions opt;
+  opt.timeout = std::chrono::seconds(20);
+  launch(
+      2,
+      [](ThreadComm& c) {
+        const int peer = 1 - c.rank();
+        std::vector<float> in(4), out(4, float(c.rank()));
+        auto w = c.recv_async(std::span(in), peer);  // posted before the matching send exists
+        c.send(std::span<const float>(out), peer);
+        std::vector<float> x{1.0f};
+        c.all_reduce(std::span(x));
+        w.wait();
+        CHECK(in[0] == float(peer));
+        CHECK(x[0] == 2.0f);
+      },
+      opt);
+}
+
+TEST_CASE("a rank that throws with asynchronous work queued aborts the others at once") {
+  dsp::comm::LaunchOptions opt;
+  opt.timeout = std::chrono::seconds(60);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto run = [&] {
+    launch(
+        2,
+        [](ThreadComm& c) {
+          std::vector<float> x(4), y(4);
+          if (c.rank() == 0) {
+            auto w = c.all_reduce_async(std::span(x));
+            throw std::runtime_error("rank zero broke with work pending");
+          }
+          c.recv(std::span(y), 0);  // never sent
+        },
+        opt);
+  };
+  CHECK_THROWS_WITH_AS(run(), "rank zero broke with work pending", std::runtime_error);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));  // not the 60 s timeout
+}
+
+TEST_CASE("an asynchronous failure nobody waited on still fails the launch") {
+  dsp::comm::LaunchOptions opt;
+  opt.timeout = std::chrono::milliseconds(200);
+  CHECK_THROWS_AS(launch(
+                      2,
+                      [](ThreadComm& c) {
+                        std::vector<float> x(4);
+                        if (c.rank() == 0) auto w = c.all_reduce_async(std::span(x));  // rank 1 never joins
+                        else std::this_thread::sleep_for(std::chrono::milliseconds(600));
+                      },
+                      opt),
+                  dsp::CommError);
+}
+
+TEST_CASE("different collectives at the same point fail on every rank with a clear message") {
+  std::atomic<int> failures{0};
+  auto run = [&] {
+    launch(2, [&](ThreadComm& c) {
+      std::vector<float> x(4), in(8), out(4);
+      try {
+        if (c.rank() == 0) c.all_reduce(std::span(x));
+        else c.reduce_scatter(std::span<const float>(in), std::span(out));
+      } catch (const dsp::CommError&) {
+        ++failures;
+        throw;
+      }
+    });
+  };
+  CHECK_THROWS_WITH_AS(run(), "collective mismatch: rank 0 called all_reduce, rank 1 called reduce_scatter",
+                       dsp::CommError);
+  CHECK(failures == 2);
+}

@@ -23,8 +23,12 @@ struct LaunchOptions {
   std::chrono::milliseconds timeout = default_timeout();
 
   static std::chrono::milliseconds default_timeout() {
-    if (const char* s = std::getenv("DSP_COMM_TIMEOUT_S")) return std::chrono::milliseconds(static_cast<long>(std::atof(s) * 1000));
-    return std::chrono::seconds(300);
+    const char* s = std::getenv("DSP_COMM_TIMEOUT_S");
+    if (!s) return std::chrono::seconds(300);
+    char* end = nullptr;
+    const double seconds = std::strtod(s, &end);
+    DSP_CHECK_AS(ConfigError, end != s && *end == '\0' && seconds > 0, "DSP_COMM_TIMEOUT_S must be a positive number of seconds, got '", s, "'");
+    return std::chrono::milliseconds(static_cast<long>(seconds * 1000));
   }
 };
 
@@ -70,6 +74,8 @@ inline void launch(int world_size, const std::function<void(ThreadComm&)>& fn, L
   for (auto& t : threads) t.join();
   if (first) std::rethrow_exception(first);
   if (first_abort) std::rethrow_exception(first_abort);
+  // An asynchronous operation failed (e.g. timed out) and no rank waited on its Work.
+  if (universe->aborted.load()) throw CommError(universe->reason());
 }
 
 }  // namespace dsp::comm

@@ -9,7 +9,8 @@
 // communicator in the same order with matching sizes; it blocks the calling host thread
 // until this rank's part is complete; the result is on every rank unless stated otherwise.
 // The `*_async` forms return a Work at once and run on this rank's communication thread
-// (in issue order, so sync and async calls can be mixed).
+// (collectives in issue order, so sync and async calls can be mixed; receives on a thread of
+// their own; sends are buffered and complete at once).
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -30,6 +31,14 @@
 namespace dsp::comm {
 
 namespace detail {
+/// Which collective a rank entered; checked first at every rendezvous so that mismatched
+/// calls fail with CommError on every rank instead of reading the wrong buffers.
+enum class OpCode : std::int64_t { AllReduce, ReduceScatter, AllGather, Broadcast, AllToAllV, Barrier, Split };
+inline const char* op_name(std::int64_t op) {
+  static const char* names[] = {"all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all_v", "barrier", "split"};
+  return op >= 0 && op < 7 ? names[op] : "?";
+}
+
 /// One rank's end of a Group; holds the algorithms. Copied into queued async tasks so that
 /// moving the ThreadComm handle never invalidates them.
 struct Endpoint {
@@ -42,22 +51,37 @@ struct Endpoint {
   void sync(const char* op) const { group->arrive_and_wait(rank, op); }
   int size() const { return group->size; }
 
-  // Posts ptr and meta, meets every rank, and checks that meta[0] (an element count) agrees.
-  void post(const char* op, const void* ptr, std::vector<std::int64_t> meta, bool same_count = true) {
+  // Posts ptr and {op, meta...}, meets every rank, and checks that all ranks entered the same
+  // collective and, when same_args, with the same arguments. Every rank runs the same checks
+  // on the same data, so either all throw CommError or none does.
+  void post(OpCode op, const void* ptr, std::vector<std::int64_t> meta, bool same_args = true) {
+    meta.insert(meta.begin(), static_cast<std::int64_t>(op));
     group->ptr[rank] = ptr;
     group->meta[rank] = std::move(meta);
-    sync(op);
-    if (!same_count) return;
-    for (int q = 0; q < size(); ++q)
-      if (group->meta[q] != group->meta[0]) {
-        const std::string msg = ::dsp::detail::concat(op, ": ranks disagree on size/arguments (rank 0: ",
-                                                      group->meta[0].empty() ? -1 : group->meta[0][0],
-                                                      ", rank ", q, ": ",
-                                                      group->meta[q].empty() ? -1 : group->meta[q][0], ")");
-        sync(op);  // everybody has compared before anyone throws
+    const char* name = op_name(static_cast<std::int64_t>(op));
+    sync(name);
+    for (int q = 0; q < size(); ++q) {
+      const auto& m0 = group->meta[0];
+      const auto& mq = group->meta[q];
+      std::string msg;
+      if (mq[0] != m0[0])
+        msg = ::dsp::detail::concat("collective mismatch: rank 0 called ", op_name(m0[0]), ", rank ", q, " called ",
+                                    op_name(mq[0]));
+      else if (same_args && mq != m0)
+        msg = ::dsp::detail::concat(name, ": ranks disagree on size/arguments (rank 0: ", m0.size() > 1 ? m0[1] : -1,
+                                    ", rank ", q, ": ", mq.size() > 1 ? mq[1] : -1, ")");
+      if (!msg.empty()) {
+        sync(name);  // everybody has compared before anyone throws
         throw CommError(msg);
       }
+    }
   }
+
+  void barrier_impl() {
+    post(OpCode::Barrier, nullptr, {});
+    sync("barrier");  // nobody posts the next collective while a peer still checks this one
+  }
+
   template <class T>
   const T* peer(int q) const { return static_cast<const T*>(group->ptr[q]); }
 
@@ -78,7 +102,7 @@ struct Endpoint {
   template <class T>
   void all_reduce_impl(std::span<T> data, ReduceOp op) {
     const auto n = static_cast<std::int64_t>(data.size());
-    post("all_reduce", data.data(), {n, static_cast<std::int64_t>(op)});
+    post(OpCode::AllReduce, data.data(), {n, static_cast<std::int64_t>(op)});
     auto [b, e] = chunk(n, rank);
     reduce_range(data.data(), 0, b, e, op);  // only this rank writes chunk r; peers read chunk q != r
     sync("all_reduce");
@@ -95,7 +119,7 @@ struct Endpoint {
     const auto n = static_cast<std::int64_t>(out.size());
     DSP_CHECK_AS(CommError, static_cast<std::int64_t>(in.size()) == n * size(), "reduce_scatter: input has ",
                  in.size(), " elements, expected ", size(), " x ", n);
-    post("reduce_scatter", in.data(), {n, static_cast<std::int64_t>(op)});
+    post(OpCode::ReduceScatter, in.data(), {n, static_cast<std::int64_t>(op)});
     std::vector<T> tmp(static_cast<std::size_t>(n));  // `out` may alias `in`
     reduce_range(tmp.data() - 0, n * rank, 0, n, op);
     sync("reduce_scatter");
@@ -107,7 +131,7 @@ struct Endpoint {
     const auto n = static_cast<std::int64_t>(in.size());
     DSP_CHECK_AS(CommError, static_cast<std::int64_t>(out.size()) == n * size(), "all_gather: output has ",
                  out.size(), " elements, expected ", size(), " x ", n);
-    post("all_gather", in.data(), {n});
+    post(OpCode::AllGather, in.data(), {n});
     for (int q = 0; q < size(); ++q)
       if (peer<T>(q) != out.data() + n * q) std::copy(peer<T>(q), peer<T>(q) + n, out.data() + n * q);
     sync("all_gather");
@@ -116,7 +140,7 @@ struct Endpoint {
   template <class T>
   void broadcast_impl(std::span<T> data, int root) {
     DSP_CHECK_AS(CommError, root >= 0 && root < size(), "broadcast: root ", root, " outside [0, ", size(), ")");
-    post("broadcast", data.data(), {static_cast<std::int64_t>(data.size()), root});
+    post(OpCode::Broadcast, data.data(), {static_cast<std::int64_t>(data.size()), root});
     if (rank != root) std::copy(peer<T>(root), peer<T>(root) + data.size(), data.data());
     sync("broadcast");
   }
@@ -146,21 +170,21 @@ struct Endpoint {
                  "all_to_all_v: recv counts do not sum to the output size ", out.size());
     std::vector<std::int64_t> meta = send_counts;  // [send counts..., recv counts...]
     meta.insert(meta.end(), recv_counts.begin(), recv_counts.end());
-    post("all_to_all_v", in.data(), std::move(meta), /*same_count=*/false);
+    post(OpCode::AllToAllV, in.data(), std::move(meta), /*same_args=*/false);
     // Every rank checks the whole count matrix, so either all ranks throw or none does.
     for (int src = 0; src < p; ++src)
       for (int dst = 0; dst < p; ++dst)
-        if (group->meta[src][dst] != group->meta[dst][p + src]) {
-          const std::string msg = ::dsp::detail::concat("all_to_all_v: rank ", src, " sends ", group->meta[src][dst],
+        if (group->meta[src][1 + dst] != group->meta[dst][1 + p + src]) {
+          const std::string msg = ::dsp::detail::concat("all_to_all_v: rank ", src, " sends ", group->meta[src][1 + dst],
                                                         " elements to rank ", dst, ", which expects ",
-                                                        group->meta[dst][p + src]);
+                                                        group->meta[dst][1 + p + src]);
           sync("all_to_all_v");
           throw CommError(msg);
         }
     std::int64_t out_off = 0;
     for (int q = 0; q < p; ++q) {
-      const auto& sc = group->meta[q];
-      const std::int64_t in_off = std::accumulate(sc.begin(), sc.begin() + rank, std::int64_t{0});
+      const auto sc = group->meta[q].begin() + 1;  // rank q's send counts
+      const std::int64_t in_off = std::accumulate(sc, sc + rank, std::int64_t{0});
       std::copy(peer<T>(q) + in_off, peer<T>(q) + in_off + sc[rank], out.data() + out_off);
       out_off += recv_counts[q];
     }
@@ -168,12 +192,12 @@ struct Endpoint {
   }
 
   Endpoint split_impl(int color, int key) {
-    post("split", nullptr, {color, key}, /*same_count=*/false);
+    post(OpCode::Split, nullptr, {color, key}, /*same_args=*/false);
     std::vector<int> members;  // old ranks with my colour, ordered by (key, old rank)
     for (int q = 0; q < size(); ++q)
-      if (group->meta[q][0] == color) members.push_back(q);
+      if (group->meta[q][1] == color) members.push_back(q);
     std::stable_sort(members.begin(), members.end(),
-                     [&](int a, int b) { return group->meta[a][1] < group->meta[b][1]; });
+                     [&](int a, int b) { return group->meta[a][2] < group->meta[b][2]; });
     const int leader = *std::min_element(members.begin(), members.end());
     if (rank == leader)
       group->objs[rank] = std::make_shared<detail::Group>(group->universe, static_cast<int>(members.size()));
@@ -245,23 +269,41 @@ class ThreadComm {
     return submit([=, ep = ep_]() mutable { ep.broadcast_impl(data, root); });
   }
 
-  /// Sends data to rank dst (buffered: returns once copied). Matched by recv(src=rank(), tag).
+  /// Sends data to rank dst. Buffered: copies and returns at once, so it never waits for the
+  /// receiver and is never queued behind this rank's pending operations. Matched, in order,
+  /// by recv(src = rank(), tag) on dst.
   template <class T>
   void send(std::span<const T> data, int dst, int tag = 0) {
-    run("send", [=, ep = ep_]() mutable { ep.send_impl(data, dst, tag); });
+    require_valid();
+    ep_.send_impl(data, dst, tag);
   }
+  /// As send; the returned Work is already complete (it carries send's error, if any).
   template <class T>
   Work send_async(std::span<const T> data, int dst, int tag = 0) {
-    return submit([=, ep = ep_]() mutable { ep.send_impl(data, dst, tag); });
+    auto state = std::make_shared<Work::State>();
+    try {
+      send(data, dst, tag);
+      state->finish(nullptr);
+    } catch (...) {
+      state->finish(std::current_exception());
+    }
+    return Work(state);
   }
   /// Receives exactly data.size() elements from rank src; CommError when the sizes differ.
+  /// Receives are ordered among themselves but independent of collectives: a pending
+  /// recv_async does not hold up a later send or collective of this rank.
   template <class T>
   void recv(std::span<T> data, int src, int tag = 0) {
-    run("recv", [=, ep = ep_]() mutable { ep.recv_impl(data, src, tag); });
+    require_valid();
+    if (p2p_worker_ && p2p_worker_->pending() > 0)
+      return p2p_worker_->submit([=, ep = ep_]() mutable { ep.recv_impl(data, src, tag); }).wait();
+    ep_.recv_impl(data, src, tag);
   }
   template <class T>
   Work recv_async(std::span<T> data, int src, int tag = 0) {
-    return submit([=, ep = ep_]() mutable { ep.recv_impl(data, src, tag); });
+    require_valid();
+    if (!p2p_worker_) p2p_worker_ = std::make_shared<detail::Worker>(ep_.group->universe, ep_.rank);
+    return p2p_worker_->submit([=, ep = ep_]() mutable { ep.recv_impl(data, src, tag); });
   }
 
   /// Personalised exchange: this rank sends send_counts[q] elements (consecutive in `in`, in
@@ -281,10 +323,10 @@ class ThreadComm {
 
   /// Returns when every rank called barrier.
   void barrier() {
-    run("barrier", [ep = ep_]() mutable { ep.sync("barrier"); });
+    run("barrier", [ep = ep_]() mutable { ep.barrier_impl(); });
   }
   Work barrier_async() {
-    return submit([ep = ep_]() mutable { ep.sync("barrier"); });
+    return submit([ep = ep_]() mutable { ep.barrier_impl(); });
   }
 
   /// Collective: ranks with the same colour (>= 0) form a new communicator, ordered by
@@ -310,11 +352,12 @@ class ThreadComm {
   }
   Work submit(std::function<void()> fn) {
     require_valid();
-    if (!worker_) worker_ = std::make_shared<detail::Worker>();
+    if (!worker_) worker_ = std::make_shared<detail::Worker>(ep_.group->universe, ep_.rank);
     return worker_->submit(std::move(fn));
   }
   detail::Endpoint ep_;
-  std::shared_ptr<detail::Worker> worker_;
+  std::shared_ptr<detail::Worker> worker_;      // collectives, in issue order
+  std::shared_ptr<detail::Worker> p2p_worker_;  // receives, in issue order
 };
 
 }  // namespace dsp::comm

@@ -1,24 +1,33 @@
 #pragma once
-// One background thread per (rank, communicator) that runs that rank's asynchronous
+// One background thread per (rank, communicator, kind) that runs that rank's asynchronous
 // operations in the order they were issued, so every rank meets the same sequence.
+// Destroyed while an exception unwinds the rank with operations still pending, it aborts the
+// whole launch (the peers would otherwise wait for this rank until the timeout); once the
+// launch is aborted, queued operations complete with AbortedError without running.
 #include <condition_variable>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
 
+#include "dsp/comm/detail/universe.hpp"
 #include "dsp/comm/work.hpp"
+#include "dsp/core/error.hpp"
 
 namespace dsp::comm::detail {
 
 class Worker {
  public:
-  Worker() : thread_([this] { loop(); }) {}
+  Worker(std::shared_ptr<Universe> universe, int rank)
+      : universe_(std::move(universe)), rank_(rank), thread_([this] { loop(); }) {}
   ~Worker() {
     {
       std::lock_guard lk(mu_);
       stop_ = true;
+      if (pending_ > 0 && std::uncaught_exceptions() > 0)
+        universe_->abort(::dsp::detail::concat("rank ", rank_, " failed with communication pending"));
     }
     cv_.notify_all();
     thread_.join();
@@ -60,6 +69,8 @@ class Worker {
       }
       std::exception_ptr err;
       try {
+        if (universe_->aborted.load())
+          throw AbortedError(::dsp::detail::concat("rank ", rank_, ": operation cancelled because ", universe_->reason()));
         t.fn();
       } catch (...) {
         err = std::current_exception();
@@ -72,6 +83,8 @@ class Worker {
     }
   }
 
+  std::shared_ptr<Universe> universe_;
+  int rank_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Task> queue_;
