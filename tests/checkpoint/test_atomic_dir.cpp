@@ -1,6 +1,7 @@
 // AtomicDir: commit replaces the target in one step; an exception leaves it untouched.
 #include <doctest/doctest.h>
 
+#include <fstream>
 #include <stdexcept>
 #include <string>
 
@@ -51,4 +52,15 @@ TEST_CASE("AtomicDir destroyed without commit removes its temporary directory on
       std::runtime_error);
   CHECK(read_text(target / "keep.txt") == "old");
   CHECK(tmp.names() == std::vector<std::string>{"ckpt"});
+}
+
+TEST_CASE("a directory that is not a checkpoint is never replaced") {
+  TempDir tmp;
+  const std::filesystem::path target = tmp.path / "precious";
+  std::filesystem::create_directories(target / "sub");
+  { std::ofstream(target / "sub" / "notes.txt") << "keep me"; }
+  CHECK_THROWS_WITH_AS([&] { AtomicDir staging(target); }(),
+                       doctest::Contains("it exists and is not a checkpoint (no manifest.json)"),
+                       dsp::CheckpointError);
+  CHECK(std::filesystem::exists(target / "sub" / "notes.txt"));
 }
