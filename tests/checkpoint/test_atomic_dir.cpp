@@ -21,19 +21,19 @@ TEST_CASE("AtomicDir creates, then replaces, the target and leaves nothing behin
     AtomicDir staging(target);
     CHECK(staging.tmp_path().parent_path() == tmp.path);
     CHECK(staging.tmp_path().filename().string().starts_with("ckpt.tmp-"));
-    write_text(staging.tmp_path() / "a.txt", "first");
+    write_text(staging.tmp_path() / "manifest.json", "first");
     CHECK(!fs::exists(target));
     staging.commit();
     CHECK_THROWS_AS(staging.commit(), dsp::CheckpointError);
   }
-  CHECK(read_text(target / "a.txt") == "first");
+  CHECK(read_text(target / "manifest.json") == "first");
   {
     AtomicDir staging(tmp.path.string() + "/ckpt/");  // trailing slash names the same target
     CHECK(staging.target() == target);
     write_text(staging.tmp_path() / "b.txt", "second");
     staging.commit();
   }
-  CHECK(!fs::exists(target / "a.txt"));
+  CHECK(!fs::exists(target / "manifest.json"));
   CHECK(read_text(target / "b.txt") == "second");
   CHECK(tmp.names() == std::vector<std::string>{"ckpt"});
 }
@@ -42,15 +42,15 @@ TEST_CASE("AtomicDir destroyed without commit removes its temporary directory on
   TempDir tmp;
   const auto target = tmp / "ckpt";
   fs::create_directories(target);
-  write_text(target / "keep.txt", "old");
+  write_text(target / "manifest.json", "old");
   CHECK_THROWS_AS(
       [&] {
         AtomicDir staging(target);
-        write_text(staging.tmp_path() / "keep.txt", "new");
+        write_text(staging.tmp_path() / "manifest.json", "new");
         throw std::runtime_error("writer failed");
       }(),
       std::runtime_error);
-  CHECK(read_text(target / "keep.txt") == "old");
+  CHECK(read_text(target / "manifest.json") == "old");
   CHECK(tmp.names() == std::vector<std::string>{"ckpt"});
 }
 
