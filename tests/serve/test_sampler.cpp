@@ -123,3 +123,12 @@ TEST_CASE("sampler: invalid parameters and rows throw") {
   CHECK_THROWS_AS(serve::sample_token(logits, 3, {}, 0, 0), Error);
   CHECK_THROWS_AS(serve::sample_token(logits, 0, {}, 0, 0), Error);
 }
+
+TEST_CASE("non-finite logits are an error, not a crash") {
+  const std::vector<float> row{std::nanf(""), 1.0f, 2.0f};
+  dsp::serve::SamplingParams p;
+  p.temperature = 1.0f;
+  CHECK_THROWS_WITH_AS(dsp::serve::sample_token(row, 3, p, 0, 0), doctest::Contains("non-finite logits"), dsp::Error);
+  p.temperature = 0.0f;
+  CHECK_THROWS_AS(dsp::serve::sample_token(row, 3, p, 0, 0), dsp::Error);
+}

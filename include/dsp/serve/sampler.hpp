@@ -47,13 +47,15 @@ struct SamplingParams {
 /// Use stream = the sequence's index within its request and counter = the index of the
 /// generated token, so a sequence gets the same tokens alone or in any batch.
 /// Returns a token id in [0, vocab). Throws InputError for invalid params and Error when
-/// vocab < 1 or the row has fewer than vocab entries.
+/// vocab < 1 or the row has fewer than vocab entries. Error also for a non-finite logit (a diverged model).
 inline std::int32_t sample_token(std::span<const float> logits_row, std::int64_t vocab, const SamplingParams& params,
                                  std::uint64_t stream, std::uint64_t counter) {
   params.validate();
   DSP_CHECK(vocab >= 1 && static_cast<std::int64_t>(logits_row.size()) >= vocab, "sample_token: a row of ",
             logits_row.size(), " logits cannot hold a vocabulary of ", vocab);
   const auto real = logits_row.first(static_cast<std::size_t>(vocab));
+  for (std::size_t i = 0; i < real.size(); ++i)
+    DSP_CHECK(std::isfinite(real[i]), "logit of token ", i, " is ", real[i], ": the model produced non-finite logits");
   if (params.greedy()) return static_cast<std::int32_t>(std::max_element(real.begin(), real.end()) - real.begin());
 
   // Token ids by decreasing logit (= decreasing probability), lower id first on ties; only

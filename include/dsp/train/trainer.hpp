@@ -6,6 +6,7 @@
 // The loss is normalised by the global number of loss tokens (every micro-batch on every
 // DP rank), so any (TP, DP, micro-batch) split of the same global batch gives the same
 // update up to floating-point summation order.
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <numeric>
@@ -66,6 +67,9 @@ class Trainer {
         schedule_{tc.lr, tc.min_lr, tc.lr_warmup_iters, tc.lr_decay_iters > 0 ? tc.lr_decay_iters : tc.train_iters} {
     DSP_CHECK_AS(ConfigError, data.seq_length() == config.seq_length, "data windows of ", data.seq_length(),
                  " tokens do not match --seq-length ", config.seq_length);
+    DSP_CHECK_AS(ConfigError, tc.eval_iters >= 1, "--eval-iters must be >= 1, got ", tc.eval_iters);
+    DSP_CHECK_AS(ConfigError, data.val_windows() >= tc.global_batch_size, "the validation split holds ",
+                 data.val_windows(), " sequences, fewer than one global batch of ", tc.global_batch_size);
   }
 
   /// One optimizer step over the next global batch. Collective over the mesh.
@@ -73,16 +77,27 @@ class Trainer {
     const auto t0 = std::chrono::steady_clock::now();
     model_.zero_grad();
     const std::int64_t seq = data_->seq_length();
-    const double global_tokens = static_cast<double>(tc_.global_batch_size * seq);
-    std::vector<double> loss_sum{0.0};
-    std::vector<std::int32_t> inputs, targets;
+    struct MicroBatch {
+      std::int64_t sequences;
+      std::vector<std::int32_t> inputs, targets;
+    };
+    std::vector<MicroBatch> micro_batches;
+    std::vector<double> counts{0.0};  // loss tokens (targets >= 0) of the global batch
     for (const auto& windows : sampler_.next_global_batch()) {
-      data_->batch(false, windows, inputs, targets);
-      const auto ctx = model::ForwardContext::for_training(static_cast<std::int64_t>(windows.size()), seq);
+      MicroBatch mb{static_cast<std::int64_t>(windows.size()), {}, {}};
+      data_->batch(false, windows, mb.inputs, mb.targets);
+      counts[0] += static_cast<double>(std::count_if(mb.targets.begin(), mb.targets.end(), [](auto t) { return t >= 0; }));
+      micro_batches.push_back(std::move(mb));
+    }
+    mesh_->data_group().all_reduce(std::span(counts));
+    const double loss_tokens = std::max(counts[0], 1.0);
+    std::vector<double> loss_sum{0.0};
+    for (auto& mb : micro_batches) {
+      const auto ctx = model::ForwardContext::for_training(mb.sequences, seq);
       typename model::CausalLM<Policy>::Activations act;
-      const auto loss = model_.forward(ctx, inputs, targets, act);
+      const auto loss = model_.forward(ctx, std::move(mb.inputs), std::move(mb.targets), act);
       loss_sum[0] += std::accumulate(loss.begin(), loss.end(), 0.0);
-      model_.backward(act, std::vector<float>(loss.size(), static_cast<float>(1.0 / global_tokens)));
+      model_.backward(act, std::vector<float>(loss.size(), static_cast<float>(1.0 / loss_tokens)));
     }
     model_.reduce_replicated_grads();
     dp::all_reduce_gradients(mesh_->data_group(), model_.parameters());
@@ -92,14 +107,15 @@ class Trainer {
     optimizer_.step(r.lr);
     mesh_->data_group().all_reduce(std::span(loss_sum));
     r.iteration = optimizer_.steps();
-    r.loss = loss_sum[0] / global_tokens;
+    r.loss = loss_sum[0] / loss_tokens;
     r.tokens = tc_.global_batch_size * seq;
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return r;
   }
 
-  /// Mean validation loss (nats/token) over the first eval_iters global batches of the
-  /// validation split (the same windows every time). Collective over the mesh.
+  /// Mean validation loss (nats/token) over the first min(eval_iters, available) global
+  /// batches of the validation split (the same windows every time; at least one batch, checked
+  /// at construction). Collective over the mesh.
   double evaluate() {
     const std::int64_t seq = data_->seq_length(), per_rank = tc_.global_batch_size / mesh_->dp_size();
     const std::int64_t batches = std::min(tc_.eval_iters, data_->val_windows() / tc_.global_batch_size);
@@ -114,10 +130,10 @@ class Trainer {
         typename model::CausalLM<Policy>::Activations act;
         const auto loss = model_.forward(ctx, inputs, targets, act);
         sums[0] += std::accumulate(loss.begin(), loss.end(), 0.0);
-        sums[1] += static_cast<double>(loss.size());
+        sums[1] += static_cast<double>(std::count_if(targets.begin(), targets.end(), [](auto t) { return t >= 0; }));
       }
     mesh_->data_group().all_reduce(std::span(sums));
-    return sums[1] > 0 ? sums[0] / sums[1] : 0.0;
+    return sums[0] / std::max(sums[1], 1.0);
   }
 
   model::CausalLM<Policy>& model() { return model_; }
