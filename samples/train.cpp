@@ -151,8 +151,7 @@ int main(int argc, char** argv) {
   Options o;
   add_flags(app, o);
   return samples::run_main(app, argc, argv, [&] {
-    if (o.model.num_query_groups <= 0 || app.count("--num-query-groups") == 0)
-      o.model.num_query_groups = o.model.num_attention_heads;
+    if (app.count("--num-query-groups") == 0) o.model.num_query_groups = o.model.num_attention_heads;
     train(o);
   });
 }

@@ -23,8 +23,8 @@ echo "== 2. reshard TP2 -> TP1 and TP4 =="
 
 echo "== 3. generate at TP1 (greedy) and TP4 (sampled) =="
 "$bin/dsp-generate" --load "$out/ckpt_tp1" --prompt "ROMEO:" --prompt "First Citizen:\nBefore we proceed" \
-  --max-new-tokens 160
-"$bin/dsp-generate" --load "$out/ckpt_tp4" --prompt "JULIET:" --max-new-tokens 160 --temperature 0.8 --top-k 40 \
+  --max-new-tokens 90
+"$bin/dsp-generate" --load "$out/ckpt_tp4" --prompt "JULIET:" --max-new-tokens 90 --temperature 0.8 --top-k 40 \
   --top-p 0.95 --seed 7
 
 echo "== 4. consistency: served layouts vs the training layout =="

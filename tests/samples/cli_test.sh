@@ -54,6 +54,10 @@ for tp in 1 4; do
   "$bin/dsp-consistency-check" --load "$work/ckpt_tp$tp" --reference "$work/ckpt" --tensor-model-parallel-size $tp \
     >"$work/cc$tp" && grep -q '"consistent":true' "$work/cc$tp" && ok || fail "consistency at TP$tp: $(cat "$work/cc$tp")"
 done
+# without --reference the check finds the training checkpoint through the manifest
+"$bin/dsp-consistency-check" --load "$work/ckpt_tp4" --tensor-model-parallel-size 4 >"$work/cc" \
+  && grep -q "\"reference\":\"$work/ckpt\"" "$work/cc" && grep -q '"consistent":true' "$work/cc" && ok \
+  || fail "consistency against the recorded source: $(cat "$work/cc")"
 diff <(tail -n +2 "$work/gen1") <(tail -n +2 "$work/gen4") >/dev/null && ok || fail "TP1 and TP4 greedy generations differ"
 "$bin/dsp-reshard" --load "$work/ckpt" --save "$work/hf" --merge >/dev/null && [ -f "$work/hf/model.safetensors" ] \
   && [ -f "$work/hf/config.json" ] && ok || fail "merge"

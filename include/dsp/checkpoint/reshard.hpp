@@ -20,7 +20,8 @@ namespace dsp::checkpoint {
 
 /// Writes the checkpoint in `src_dir` to `dst_dir` (atomically; an existing `dst_dir` is
 /// replaced only on success) with layout TP target_tp, PP 1, DP target_dp, and the same
-/// model_config, iteration and extra. Before reading any tensor, throws ConfigError naming the
+/// model_config, iteration and extra; extra["resharded_from"] names the original checkpoint
+/// and its layout (kept from the source when it was itself resharded). Before reading any tensor, throws ConfigError naming the
 /// numbers when target_tp or target_dp is < 1 or some tensor cannot be split target_tp ways
 /// (nothing is written). Throws CheckpointError when the source is invalid (see
 /// CheckpointReader) or writing fails. Memory: the whole global model plus one target rank's
@@ -39,6 +40,10 @@ inline void reshard(const std::filesystem::path& src_dir, const std::filesystem:
   }
   const GlobalCheckpoint source = load_global(src_dir);
   CheckpointMeta meta = source.manifest.meta;
+  const ParallelLayout& from = meta.layout;
+  if (!meta.extra.contains("resharded_from"))  // provenance: the checkpoint training wrote
+    meta.extra["resharded_from"] = {{"checkpoint", std::filesystem::absolute(src_dir).lexically_normal().string()},
+                                    {"tensor", from.tensor}, {"pipeline", from.pipeline}, {"data", from.data}};
   meta.layout = {.tensor = target_tp, .pipeline = 1, .data = target_dp, .expert = 1};
 
   AtomicDir staging(dst_dir);

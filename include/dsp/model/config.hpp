@@ -3,6 +3,7 @@
 // names in config.json.
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -28,9 +29,11 @@ struct ModelConfig {
 
   /// Throws ConfigError naming both numbers when a size does not divide (or is not positive).
   void validate(int tensor_parallel) const {
-    DSP_CHECK_AS(ConfigError, vocab_size > 0 && hidden_size > 0 && num_layers > 0 && ffn_hidden_size > 0 &&
-                                  seq_length > 0 && num_attention_heads > 0 && num_query_groups > 0,
-                 "model sizes must be positive");
+    for (auto [name, value] : {std::pair{"vocab size", vocab_size}, {"hidden size", hidden_size},
+                               {"number of layers", num_layers}, {"ffn hidden size", ffn_hidden_size},
+                               {"sequence length", seq_length}, {"number of attention heads", num_attention_heads},
+                               {"number of query groups", num_query_groups}})
+      DSP_CHECK_AS(ConfigError, value > 0, name, " must be positive, got ", value);
     divide(hidden_size, num_attention_heads, "hidden size");
     DSP_CHECK_AS(ConfigError, head_dim() % 2 == 0, "head dim (", head_dim(), ") must be even for RoPE");
     divide(num_attention_heads, num_query_groups, "number of attention heads");
