@@ -21,9 +21,9 @@ echo "== 2. reshard TP2 -> TP1 and TP4 =="
 "$bin/dsp-reshard" --load "$out/ckpt_tp2" --save "$out/ckpt_tp1" --tensor-model-parallel-size 1
 "$bin/dsp-reshard" --load "$out/ckpt_tp2" --save "$out/ckpt_tp4" --tensor-model-parallel-size 4
 
-echo "== 3. generate at TP1 (greedy) and TP4 (sampled) =="
+echo "== 3. generate at TP1 and TP4 (all prompts of a call in one batch, KV cache) =="
 "$bin/dsp-generate" --load "$out/ckpt_tp1" --prompt "ROMEO:" --prompt "First Citizen:\nBefore we proceed" \
-  --max-new-tokens 90
+  --max-new-tokens 90 --temperature 0.8 --top-k 40 --seed 1
 "$bin/dsp-generate" --load "$out/ckpt_tp4" --prompt "JULIET:" --max-new-tokens 90 --temperature 0.8 --top-k 40 \
   --top-p 0.95 --seed 7
 
