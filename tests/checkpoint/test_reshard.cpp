@@ -22,7 +22,13 @@ TEST_CASE("reshard TP2 -> TP4 -> TP1 is exact and keeps model_config, iteration 
   CHECK(m4.meta.layout == dsp::ParallelLayout{.tensor = 4, .pipeline = 1, .data = 2, .expert = 1});
   CHECK(m4.meta.iteration == 1234);
   CHECK(m4.meta.model_config == fake_meta(2).model_config);
-  CHECK(m4.meta.extra == fake_meta(2).extra);
+  // extra is kept, plus the provenance of the first reshard (kept through later ones)
+  auto extra = m4.meta.extra;
+  REQUIRE(extra.contains("resharded_from"));
+  CHECK(extra["resharded_from"]["checkpoint"] == fs::absolute(tmp / "tp2").lexically_normal().string());
+  CHECK(extra["resharded_from"]["tensor"] == 2);
+  extra.erase("resharded_from");
+  CHECK(extra == fake_meta(2).extra);
   CHECK(m4.tensors == specs);
   CHECK(m4.files.size() == 4);
   for (int r = 0; r < 4; ++r) {

@@ -28,17 +28,10 @@ using P = Policy<backend::Host, comm::ThreadComm>;
 namespace {
 
 model::ModelConfig config(bool tied) {
-  model::ModelConfig c;
-  c.vocab_size = 37;  // not a multiple of 2 or 4: padded vocabulary rows are in play
-  c.hidden_size = 16;
-  c.num_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_query_groups = 2;
-  c.ffn_hidden_size = 24;
-  c.seq_length = 8;
-  c.tie_word_embeddings = tied;
-  c.init_method_std = 0.3f;  // larger weights: non-trivial attention and larger gradients
-  return c;
+  // vocab 37 is not a multiple of 2 or 4: padded vocabulary rows are in play; std 0.3 gives
+  // non-trivial attention and larger gradients
+  return {.vocab_size = 37, .hidden_size = 16, .num_layers = 2, .num_attention_heads = 4, .num_query_groups = 2,
+          .ffn_hidden_size = 24, .seq_length = 8, .tie_word_embeddings = tied, .init_method_std = 0.3f};
 }
 
 // Mean loss over a fixed batch of 2 sequences.

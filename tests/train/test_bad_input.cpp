@@ -11,15 +11,8 @@ using P = Policy<backend::Host, comm::ThreadComm>;
 
 namespace {
 model::ModelConfig config() {
-  model::ModelConfig c;
-  c.vocab_size = 256;
-  c.hidden_size = 48;
-  c.num_layers = 1;
-  c.num_attention_heads = 6;
-  c.num_query_groups = 3;
-  c.ffn_hidden_size = 96;
-  c.seq_length = 16;
-  return c;
+  return {.vocab_size = 256, .hidden_size = 48, .num_layers = 1, .num_attention_heads = 6, .num_query_groups = 3,
+          .ffn_hidden_size = 96, .seq_length = 16};
 }
 
 // Builds a model at (world, tp) and returns the error message (empty if none).

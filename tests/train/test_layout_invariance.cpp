@@ -13,6 +13,7 @@
 #include "dsp/comm/launch.hpp"
 #include "dsp/policy.hpp"
 #include "dsp/train/trainer.hpp"
+#include "small_model.hpp"
 
 using namespace dsp;
 using P = Policy<backend::Host, comm::ThreadComm>;
@@ -57,22 +58,10 @@ double relative_error(const Params& a, const Params& b) {
   return std::sqrt(diff / ref);
 }
 
-model::ModelConfig small_config(bool tied) {
-  model::ModelConfig c;
-  c.vocab_size = 127;  // ASCII; not a multiple of 2 or 4, so vocabulary padding is exercised
-  c.hidden_size = 32;
-  c.num_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_query_groups = 2;  // at TP4 every K/V head is replicated on two ranks
-  c.ffn_hidden_size = 64;
-  c.seq_length = 16;
-  c.tie_word_embeddings = tied;
-  return c;
-}
 
 RunResult run(int tp, int dp, bool tied, int steps) {
-  const auto config = small_config(tied);
-  const auto data = train::TokenDataset::from_file(std::string(DSP_TEST_DATA_DIR) + "/tinyshakespeare.txt", config.seq_length);
+  const auto config = test::small_model(tied);
+  const auto& data = test::shakespeare(config.seq_length);
   train::TrainConfig tc;
   tc.micro_batch_size = 2;
   tc.global_batch_size = 8;

@@ -13,6 +13,7 @@
 #include "dsp/comm/launch.hpp"
 #include "dsp/policy.hpp"
 #include "dsp/train/checkpointing.hpp"
+#include "small_model.hpp"
 
 using namespace dsp;
 using P = Policy<backend::Host, comm::ThreadComm>;
@@ -20,17 +21,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-model::ModelConfig config() {
-  model::ModelConfig c;
-  c.vocab_size = 127;
-  c.hidden_size = 32;
-  c.num_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_query_groups = 2;
-  c.ffn_hidden_size = 64;
-  c.seq_length = 16;
-  return c;
-}
 
 train::TrainConfig train_config() {
   train::TrainConfig tc;
@@ -44,12 +34,11 @@ train::TrainConfig train_config() {
 
 // Runs `steps` steps at (tp, dp), loading from `load` first and saving to `save` after.
 std::vector<double> run(int tp, int dp, int steps, const fs::path& load, const fs::path& save) {
-  static const auto data =
-      train::TokenDataset::from_file(std::string(DSP_TEST_DATA_DIR) + "/tinyshakespeare.txt", config().seq_length);
+  const auto& data = test::shakespeare(test::small_model().seq_length);
   std::vector<double> losses;
   comm::launch(tp * dp, [&](comm::ThreadComm& world) {
     DeviceMesh mesh(world, ParallelLayout{.tensor = tp, .data = dp});
-    train::Trainer<P> trainer(config(), train_config(), mesh, data);
+    train::Trainer<P> trainer(test::small_model(), train_config(), mesh, data);
     if (!load.empty()) train::load_checkpoint(load, trainer);
     std::vector<double> mine;
     for (int s = 0; s < steps; ++s) mine.push_back(trainer.train_step().loss);
@@ -88,10 +77,9 @@ TEST_CASE("resume at another tensor-parallel size continues with the same losses
 TEST_CASE("loading a checkpoint of another model config is refused with a clear message") {
   TempDir dir;
   run(1, 1, 1, {}, dir.path);
-  auto other = config();
+  auto other = test::small_model();
   other.rope_theta = 500000.0f;  // same shapes, different model
-  static const auto data =
-      train::TokenDataset::from_file(std::string(DSP_TEST_DATA_DIR) + "/tinyshakespeare.txt", other.seq_length);
+  const auto& data = test::shakespeare(other.seq_length);
   CHECK_THROWS_WITH_AS(comm::launch(1,
                                     [&](comm::ThreadComm& world) {
                                       DeviceMesh mesh(world, ParallelLayout{});

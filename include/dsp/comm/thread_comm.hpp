@@ -90,12 +90,27 @@ struct Endpoint {
     return {n * r / p, n * (r + 1) / p};
   }
 
-  template <class T>
-  void reduce_range(T* out, std::int64_t src_offset, std::int64_t begin, std::int64_t end, ReduceOp op) {
+  // out[i] = combine over ranks q = 0, 1, ... of peer_q[src_offset + i], for i in [begin, end),
+  // accumulated in to_accum's type. One loop per operator (no per-element switch) so the
+  // compiler can keep it tight; the rank order, hence the result, is the same for every op.
+  template <class T, class Combine>
+  void reduce_loop(T* out, std::int64_t src_offset, std::int64_t begin, std::int64_t end, Combine combine) const {
+    std::vector<const T*> src(static_cast<std::size_t>(size()));
+    for (int q = 0; q < size(); ++q) src[static_cast<std::size_t>(q)] = peer<T>(q) + src_offset;
+    const std::size_t p = src.size();
     for (std::int64_t i = begin; i < end; ++i) {
-      Acc<T> a = to_accum(peer<T>(0)[src_offset + i]);
-      for (int q = 1; q < size(); ++q) a = detail::combine(op, a, to_accum(peer<T>(q)[src_offset + i]));
+      Acc<T> a = to_accum(src[0][i]);
+      for (std::size_t q = 1; q < p; ++q) a = combine(a, to_accum(src[q][i]));
       out[i] = from_accum<T>(a);
+    }
+  }
+  template <class T>
+  void reduce_range(T* out, std::int64_t src_offset, std::int64_t begin, std::int64_t end, ReduceOp op) const {
+    using A = Acc<T>;
+    switch (op) {
+      case ReduceOp::Sum: return reduce_loop(out, src_offset, begin, end, [](A x, A y) { return x + y; });
+      case ReduceOp::Max: return reduce_loop(out, src_offset, begin, end, [](A x, A y) { return std::max(x, y); });
+      case ReduceOp::Min: return reduce_loop(out, src_offset, begin, end, [](A x, A y) { return std::min(x, y); });
     }
   }
 

@@ -1,0 +1,24 @@
+#pragma once
+// The small model and data the training tests share: a 2-layer decoder on tiny Shakespeare
+// bytes. vocab 127 (ASCII) is not a multiple of 2 or 4, so vocabulary padding is exercised;
+// 2 query groups for 4 heads means that at TP4 every K/V head is replicated on two ranks.
+#include <string>
+
+#include "dsp/model/config.hpp"
+#include "dsp/train/token_dataset.hpp"
+
+namespace dsp::test {
+
+inline model::ModelConfig small_model(bool tied = false) {
+  return {.vocab_size = 127, .hidden_size = 32, .num_layers = 2, .num_attention_heads = 4, .num_query_groups = 2,
+          .ffn_hidden_size = 64, .seq_length = 16, .tie_word_embeddings = tied};
+}
+
+/// tinyshakespeare.txt from the repository's data/ as windows of seq_length tokens.
+inline const train::TokenDataset& shakespeare(std::int64_t seq_length) {
+  static const auto data =
+      train::TokenDataset::from_file(std::string(DSP_TEST_DATA_DIR) + "/tinyshakespeare.txt", seq_length);
+  return data;
+}
+
+}  // namespace dsp::test
