@@ -109,7 +109,12 @@ TEST_CASE("send/recv, async forms and split into sub-groups") {
     CHECK(got[0] == float(prev));
     CHECK(x[7] == 4.0f);
 
+    ThreadComm by_half;
+    auto split_work = c.split_async(r / 2, r, by_half);
     ThreadComm sub = c.split(r % 2, -r);  // key -r reverses the order inside each colour
+    split_work.wait();
+    CHECK(by_half.size() == 2);
+    CHECK(by_half.rank() == r % 2);
     CHECK(sub.size() == 2);
     CHECK(sub.rank() == (r < 2 ? 1 : 0));
     std::vector<float> v{float(r)};

@@ -355,6 +355,14 @@ class ThreadComm {
     });
     return result;
   }
+  /// As split; `out` is assigned when the returned Work completes (keep it alive until then).
+  Work split_async(int color, int key, ThreadComm& out) {
+    DSP_CHECK_AS(CommError, color >= 0, "split: colour must be >= 0, got ", color);
+    return submit([=, &out, ep = ep_]() mutable {
+      auto e = ep.split_impl(color, key);
+      out = ThreadComm(std::move(e.group), e.rank);
+    });
+  }
 
  private:
   void require_valid() const { DSP_CHECK_AS(CommError, ep_.group != nullptr, "use of an empty ThreadComm"); }
