@@ -11,12 +11,12 @@
 int main(int argc, char** argv) {
   CLI::App app{"dsp-reshard: reshard a dsp checkpoint to another TP/DP layout, or merge it for Hugging Face"};
   std::string load, save;
-  int tp = 0, dp = 0;
+  int tp = 0, dp = 1;
   bool merge = false;
   app.add_option("--load", load, "source checkpoint directory")->required();
   app.add_option("--save", save, "destination directory (replaced atomically)")->required();
   app.add_option("--tensor-model-parallel-size", tp, "target tensor-parallel size");
-  app.add_option("--data-parallel-size", dp, "target data-parallel size (default: the source's)");
+  app.add_option("--data-parallel-size", dp, "target data-parallel size (default 1: serving)");
   app.add_flag("--merge", merge, "write one model.safetensors + config.json with Hugging Face names instead");
   return samples::run_main(app, argc, argv, [&] {
     if (merge) {
@@ -25,9 +25,9 @@ int main(int argc, char** argv) {
       return;
     }
     DSP_CHECK_AS(dsp::InputError, tp > 0, "--tensor-model-parallel-size is required (or --merge)");
-    const auto source = dsp::checkpoint::load_manifest(load).meta.layout;
-    dsp::checkpoint::reshard(load, save, tp, dp > 0 ? dp : source.data);
+    const auto source = dsp::checkpoint::read_manifest(load).meta.layout;
+    dsp::checkpoint::reshard(load, save, tp, dp);
     std::printf("resharded %s (%s) to %s (TP%d/PP1/DP%d)\n", load.c_str(), source.str().c_str(), save.c_str(), tp,
-                dp > 0 ? dp : source.data);
+                dp);
   });
 }

@@ -81,6 +81,7 @@ void train(Options& o) {
   o.model.tie_word_embeddings = !o.untie;
   if (o.peak_flops <= 0) o.peak_flops = dsp::train::measure_sgemm_peak<dsp::backend::Host>();
   const auto data = dsp::train::TokenDataset::from_file(o.data_path, o.model.seq_length);
+  if (!o.save.empty()) dsp::checkpoint::check_replaceable(o.save);  // fail now, not after training
   const double flops_per_token = dsp::train::training_flops_per_token(o.model);
   const bool tty = isatty(fileno(stdout));
 
@@ -91,7 +92,7 @@ void train(Options& o) {
     const bool lead = world.rank() == 0;
     std::optional<std::ofstream> metrics;
     if (lead) {
-      std::printf("dsp-train: %s, %lld parameters, %lld micro-batches of %lld per DP rank per step, peak %.1f GFLOP/s\n",
+      std::printf("dsp-train: %s, %lld parameters, gradient accumulation %lld x micro-batch %lld per DP rank, peak %.1f GFLOP/s\n",
                   mesh.layout().str().c_str(), static_cast<long long>(o.model.num_parameters()),
                   static_cast<long long>(trainer.sampler().accumulation_steps()),
                   static_cast<long long>(o.train.micro_batch_size), o.peak_flops / 1e9);

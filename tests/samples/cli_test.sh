@@ -84,6 +84,15 @@ expect_fail "another model config" "another model config" "" -- \
   "$bin/dsp-train" --world-size 2 --tensor-model-parallel-size 2 "${model[@]}" --hidden-size 64 --load "$work/ckpt" \
   --train-iters 8
 
+mkdir -p "$work/notes" && echo keep >"$work/notes/keep.txt"
+expect_fail "--save onto a directory of other files (refused before training)" "refusing to replace" "$work/m7" -- \
+  "$bin/dsp-train" "${model[@]}" --save "$work/notes" --metrics-file "$work/m7"
+[ -f "$work/notes/keep.txt" ] && ok || fail "--save destroyed a foreign directory"
+expect_fail "reshard onto itself" "onto itself" "" -- \
+  "$bin/dsp-reshard" --load "$work/ckpt" --save "$work/ckpt" --tensor-model-parallel-size 1
+expect_fail "--load of a path that does not exist" "does not exist" "" -- \
+  "$bin/dsp-generate" --load "$work/nowhere" --prompt "A"
+
 cp -r "$work/ckpt" "$work/trunc"
 f=$(ls "$work/trunc"/*.safetensors | head -n 1)
 truncate -s -100 "$f"

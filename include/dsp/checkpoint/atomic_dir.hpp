@@ -20,6 +20,23 @@
 
 namespace dsp::checkpoint {
 
+/// Throws CheckpointError when `target` exists and is not an empty directory or a previous
+/// checkpoint (manifest.json, or a merged model.safetensors + config.json): writing a
+/// checkpoint there would replace a directory of other files. Call it before long work whose
+/// result will be saved there (dsp-train does, before training).
+inline void check_replaceable(const std::filesystem::path& target) {
+  std::error_code ec;
+  if (!std::filesystem::exists(std::filesystem::symlink_status(target, ec))) return;
+  DSP_CHECK_AS(CheckpointError, std::filesystem::is_directory(target, ec), "refusing to replace ", target.string(),
+               ": it exists and is not a directory");
+  const bool empty = std::filesystem::is_empty(target, ec);
+  const bool checkpoint = std::filesystem::exists(target / "manifest.json", ec) ||
+                          (std::filesystem::exists(target / "model.safetensors", ec) &&
+                           std::filesystem::exists(target / "config.json", ec));
+  DSP_CHECK_AS(CheckpointError, empty || checkpoint, "refusing to replace ", target.string(),
+               ": it exists and is not a checkpoint (no manifest.json); choose another directory");
+}
+
 /// A directory written under a temporary sibling name and renamed over its target on commit.
 /// Not copyable or movable: it owns the temporary directory for its lifetime.
 class AtomicDir {
@@ -28,7 +45,7 @@ class AtomicDir {
   /// parent directories when missing). Throws CheckpointError naming the path when that fails
   /// or when `target` exists and is neither empty nor a checkpoint (it would be replaced).
   explicit AtomicDir(const std::filesystem::path& target) : target_(normalized(target)), tmp_(sibling(".tmp-")) {
-    refuse_to_replace_foreign(target_);
+    check_replaceable(target_);
     std::error_code ec;
     std::filesystem::create_directories(target_.parent_path(), ec);
     if (!ec && !std::filesystem::create_directory(tmp_, ec) && !ec) ec = std::make_error_code(std::errc::file_exists);
@@ -83,21 +100,6 @@ class AtomicDir {
   }
 
  private:
-  // Only an empty directory or a previous checkpoint (manifest.json, or a merged
-  // model.safetensors + config.json) may be replaced: never a directory of other files.
-  static void refuse_to_replace_foreign(const std::filesystem::path& target) {
-    std::error_code ec;
-    if (!std::filesystem::exists(std::filesystem::symlink_status(target, ec))) return;
-    DSP_CHECK_AS(CheckpointError, std::filesystem::is_directory(target, ec), "refusing to replace ", target.string(),
-                 ": it exists and is not a directory");
-    const bool empty = std::filesystem::is_empty(target, ec);
-    const bool checkpoint = std::filesystem::exists(target / "manifest.json", ec) ||
-                            (std::filesystem::exists(target / "model.safetensors", ec) &&
-                             std::filesystem::exists(target / "config.json", ec));
-    DSP_CHECK_AS(CheckpointError, empty || checkpoint, "refusing to replace ", target.string(),
-                 ": it exists and is not a checkpoint (no manifest.json); choose another directory");
-  }
-
   static std::filesystem::path normalized(const std::filesystem::path& p) {
     std::filesystem::path n = std::filesystem::absolute(p).lexically_normal();
     return n.has_filename() ? n : n.parent_path();

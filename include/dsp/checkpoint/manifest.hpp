@@ -139,12 +139,14 @@ inline void write_manifest(const std::filesystem::path& dir, const Manifest& m) 
 }
 
 /// Parses `dir`/manifest.json without verifying the files it lists. Throws CheckpointError:
-/// "no manifest.json in <dir>" when it is absent; naming the file when it is not valid JSON of
+/// "checkpoint directory <dir> does not exist", "no manifest.json in <dir>" when it is absent; naming the file when it is not valid JSON of
 /// the form above, its format or version is not this code's, a layout size is < 1, a file name
 /// is not a plain name inside the directory, or a file's ranks lie outside the layout.
 inline Manifest read_manifest(const std::filesystem::path& dir) {
   const std::filesystem::path path = dir / manifest_file_name;
   std::error_code ec;
+  if (!std::filesystem::exists(dir, ec))
+    throw CheckpointError(dsp::detail::concat("checkpoint directory ", dir.string(), " does not exist"));
   if (!std::filesystem::is_regular_file(path, ec))
     throw CheckpointError(dsp::detail::concat("no ", manifest_file_name, " in ", dir.string()));
   const auto fail = [&](const auto&... what) {

@@ -28,6 +28,9 @@ namespace dsp::checkpoint {
 /// shards.
 inline void reshard(const std::filesystem::path& src_dir, const std::filesystem::path& dst_dir, int target_tp,
                     int target_dp) {
+  std::error_code ec;
+  DSP_CHECK_AS(ConfigError, !std::filesystem::equivalent(src_dir, dst_dir, ec), "cannot reshard ", src_dir.string(),
+               " onto itself: --save must name another directory");
   DSP_CHECK_AS(ConfigError, target_tp >= 1 && target_dp >= 1, "cannot reshard ", src_dir.string(), " to TP ",
                target_tp, " / DP ", target_dp, ": sizes must be >= 1");
   for (const ShardedTensor& spec : read_manifest(src_dir).tensors) {
