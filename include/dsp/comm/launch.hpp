@@ -59,13 +59,13 @@ inline void launch(int world_size, const std::function<void(ThreadComm&)>& fn, L
         std::lock_guard lk(mu);
         if (!first) first = std::current_exception();
       }
-      universe->abort(::dsp::detail::concat("rank ", rank, " failed: ", e.what()));
+      universe->abort_all(::dsp::detail::concat("rank ", rank, " failed: ", e.what()));
     } catch (...) {
       {
         std::lock_guard lk(mu);
         if (!first) first = std::current_exception();
       }
-      universe->abort(::dsp::detail::concat("rank ", rank, " failed with a non-standard exception"));
+      universe->abort_all(::dsp::detail::concat("rank ", rank, " failed with a non-standard exception"));
     }
   };
   std::vector<std::thread> threads;

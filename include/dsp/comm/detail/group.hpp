@@ -75,7 +75,7 @@ struct Group {
       if (clock::now() > deadline) {
         const std::string why = concat("rank ", rank, ": ", op, " timed out after ",
                                        universe->timeout.count(), " ms waiting for the other ranks");
-        universe->abort(why);
+        universe->abort_all(why);
         throw TimeoutError(why);
       }
       cv_.wait_for(lk, std::chrono::milliseconds(20));

@@ -15,7 +15,7 @@ struct Universe {
   std::atomic<bool> aborted{false};
 
   /// Marks every communicator of this launch aborted; the first reason wins.
-  void abort(const std::string& why) {
+  void abort_all(const std::string& why) {
     std::lock_guard lk(mu_);
     if (!aborted.load()) reason_ = why;
     aborted.store(true);

@@ -27,7 +27,7 @@ class Worker {
       std::lock_guard lk(mu_);
       stop_ = true;
       if (pending_ > 0 && std::uncaught_exceptions() > 0)
-        universe_->abort(::dsp::detail::concat("rank ", rank_, " failed with communication pending"));
+        universe_->abort_all(::dsp::detail::concat("rank ", rank_, " failed with communication pending"));
     }
     cv_.notify_all();
     thread_.join();
