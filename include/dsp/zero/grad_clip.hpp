@@ -2,6 +2,7 @@
 // Global gradient-norm clipping (Pascanu et al. 2013) over tensor-parallel shards. Each
 // global element counts once: replicated parameters only on TP rank 0, K/V heads replicated
 // across TP ranks only on the first rank holding them (ShardedTensor::owned).
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -28,13 +29,12 @@ class GradClipper {
   /// over data parallelism.
   template <comm::Communicator Comm>
   float global_norm(Comm& mp) const {
-    std::vector<double> sq{0.0};
+    std::vector<double> sq{0.0};  // fp64 sum of squares, summed over the group in fp64
     for (std::size_t i = 0; i < params_.size(); ++i)
       sq[0] += sum_squares(Backend{}, params_[i]->grad.numel(), params_[i]->grad.data(),
                            weights_[i].empty() ? nullptr : weights_[i].data());
-    std::vector<float> s{static_cast<float>(sq[0])};
-    mp.all_reduce(std::span(s));
-    return std::sqrt(s[0]);
+    mp.all_reduce(std::span(sq));
+    return static_cast<float>(std::sqrt(sq[0]));
   }
 
   /// Scales every gradient by max_norm / norm when norm > max_norm (max_norm <= 0: never).
