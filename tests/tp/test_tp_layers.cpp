@@ -16,6 +16,7 @@
 #include "dsp/tp/row_parallel_linear.hpp"
 #include "dsp/tp/vocab_parallel_cross_entropy.hpp"
 #include "dsp/tp/vocab_parallel_embedding.hpp"
+#include "../gather_global.hpp"
 
 using namespace dsp;
 using P = Policy<backend::Host, comm::ThreadComm>;
@@ -60,15 +61,8 @@ PairResult run_pair(int tp, bool gather_output) {
     const Tensor y = row.forward(h);
     const Tensor dh = row.backward(h, y);
     const Tensor dx = col.backward(x, dh);
-    auto gather = [&](model::Parameter& p) {
-      Tensor all({tp, p.grad.numel()}), global;
-      g.all_gather(std::span<const float>(p.grad.span()), all.span());
-      for (int r = 0; r < tp; ++r)
-        unshard_into(p.spec, Tensor(p.grad.shape(), {all.data() + r * p.grad.numel(), all.data() + (r + 1) * p.grad.numel()}),
-                     tp, r, global);
-      return global;
-    };
-    Tensor w1 = gather(col.weight()), w2 = gather(row.weight());
+    Tensor w1 = test::gather_global(g, col.weight().spec, col.weight().grad);
+    Tensor w2 = test::gather_global(g, row.weight().spec, row.weight().grad);
     std::lock_guard lk(mu);
     if (g.rank() == 0) out = {y, dx, w1, w2};
   });

@@ -13,6 +13,7 @@
 #include "dsp/comm/launch.hpp"
 #include "dsp/policy.hpp"
 #include "dsp/train/trainer.hpp"
+#include "../gather_global.hpp"
 #include "small_model.hpp"
 
 using namespace dsp;
@@ -28,19 +29,9 @@ struct RunResult {
 };
 
 template <class Comm>
-Params gather(train::Trainer<P>& trainer, Comm& tp_group, int tp) {
+Params gather(train::Trainer<P>& trainer, Comm& tp_group) {
   Params params;
-  for (auto* p : trainer.model().parameters()) {
-    Tensor all({tp, p->value.numel()});
-    tp_group.all_gather(std::span<const float>(p->value.span()), all.span());
-    Tensor global;
-    for (int r = 0; r < tp; ++r) {
-      Tensor shard(p->value.shape(),
-                   std::vector<float>(all.data() + r * p->value.numel(), all.data() + (r + 1) * p->value.numel()));
-      unshard_into(p->spec, shard, tp, r, global);
-    }
-    params[p->spec.name] = std::move(global);
-  }
+  for (auto* p : trainer.model().parameters()) params[p->spec.name] = test::gather_global(tp_group, p->spec, p->value);
   return params;
 }
 
@@ -73,10 +64,10 @@ RunResult run(int tp, int dp, bool tied, int steps) {
   comm::launch(tp * dp, [&](comm::ThreadComm& world) {
     DeviceMesh mesh(world, ParallelLayout{.tensor = tp, .data = dp});
     train::Trainer<P> trainer(config, tc, mesh, data);
-    Params initial = gather(trainer, mesh.tensor_group(), tp);
+    Params initial = gather(trainer, mesh.tensor_group());
     std::vector<double> losses;
     for (int s = 0; s < steps; ++s) losses.push_back(trainer.train_step().loss);
-    Params final = gather(trainer, mesh.tensor_group(), tp);
+    Params final = gather(trainer, mesh.tensor_group());
     std::lock_guard lk(mu);
     if (world.rank() == 0) out = {losses, std::move(initial), std::move(final)};
   });

@@ -34,18 +34,10 @@ struct Parameter {
       return;
     }
     const CounterRng rng(seed, spec.name);
-    const int dim = spec.kind == ShardKind::Replicated ? 0 : spec.split_dim;
-    const auto map = spec.index_map(tp_size, tp_rank);
-    const auto [outer, g_ext, inner] = detail::around(spec.global_shape, dim);
-    const auto l_ext = static_cast<std::int64_t>(map.size());
-    for (std::int64_t o = 0; o < outer; ++o)
-      for (std::int64_t i = 0; i < l_ext; ++i) {
-        const std::int64_t gi = map[static_cast<std::size_t>(i)];
-        if (gi < 0) continue;  // vocabulary padding stays zero
-        for (std::int64_t k = 0; k < inner; ++k)
-          value[(o * l_ext + i) * inner + k] =
-              static_cast<float>(init.std * rng.normal(static_cast<std::uint64_t>((o * g_ext + gi) * inner + k)));
-      }
+    for_each_shard_row(spec, tp_size, tp_rank, [&](std::int64_t l, std::int64_t g, std::int64_t n) {
+      for (std::int64_t k = 0; k < n; ++k)  // vocabulary padding is skipped: it stays zero
+        value[l + k] = static_cast<float>(init.std * rng.normal(static_cast<std::uint64_t>(g + k)));
+    });
   }
 };
 

@@ -203,6 +203,23 @@ inline std::array<std::int64_t, 3> around(const Shape& shape, int dim) {
 }
 }  // namespace detail
 
+/// Calls fn(local_offset, global_offset, count) for every run of `count` contiguous elements
+/// that rank `rank` of `tp` holds: local_offset into its shard (shape spec.local_shape(tp)),
+/// global_offset into the global tensor (shape spec.global_shape). Padding is skipped. The
+/// one walk over the index map that sharding, unsharding and initialisation share.
+template <class Fn>
+void for_each_shard_row(const ShardedTensor& spec, int tp, int rank, Fn fn) {
+  const int dim = spec.kind == ShardKind::Replicated ? 0 : spec.split_dim;
+  const auto map = spec.index_map(tp, rank);
+  const auto [outer, g_ext, inner] = detail::around(spec.global_shape, dim);
+  const auto l_ext = static_cast<std::int64_t>(map.size());
+  for (std::int64_t o = 0; o < outer; ++o)
+    for (std::int64_t i = 0; i < l_ext; ++i) {
+      const std::int64_t g = map[static_cast<std::size_t>(i)];
+      if (g >= 0) fn((o * l_ext + i) * inner, (o * g_ext + g) * inner, inner);
+    }
+}
+
 /// The local shard of `global` (shape spec.global_shape) for TP rank `rank` of `tp`;
 /// padding is zero. Throws Error when global has the wrong shape.
 inline Tensor shard_of(const ShardedTensor& spec, const Tensor& global, int tp, int rank) {
@@ -210,15 +227,9 @@ inline Tensor shard_of(const ShardedTensor& spec, const Tensor& global, int tp, 
             shape_str(global.shape()), ", expected ", shape_str(spec.global_shape));
   if (spec.kind == ShardKind::Replicated) return global;
   Tensor local(spec.local_shape(tp));
-  const auto map = spec.index_map(tp, rank);
-  const auto [outer, g_ext, inner] = detail::around(spec.global_shape, spec.split_dim);
-  const std::int64_t l_ext = static_cast<std::int64_t>(map.size());
-  for (std::int64_t o = 0; o < outer; ++o)
-    for (std::int64_t i = 0; i < l_ext; ++i) {
-      if (map[static_cast<std::size_t>(i)] < 0) continue;
-      const float* src = global.data() + (o * g_ext + map[static_cast<std::size_t>(i)]) * inner;
-      std::copy(src, src + inner, local.data() + (o * l_ext + i) * inner);
-    }
+  for_each_shard_row(spec, tp, rank, [&](std::int64_t l, std::int64_t g, std::int64_t n) {
+    std::copy_n(global.data() + g, n, local.data() + l);
+  });
   return local;
 }
 
@@ -231,15 +242,9 @@ inline void unshard_into(const ShardedTensor& spec, const Tensor& local, int tp,
     global = local;
     return;
   }
-  const auto map = spec.index_map(tp, rank);
-  const auto [outer, g_ext, inner] = detail::around(spec.global_shape, spec.split_dim);
-  const std::int64_t l_ext = static_cast<std::int64_t>(map.size());
-  for (std::int64_t o = 0; o < outer; ++o)
-    for (std::int64_t i = 0; i < l_ext; ++i) {
-      if (map[static_cast<std::size_t>(i)] < 0) continue;
-      const float* src = local.data() + (o * l_ext + i) * inner;
-      std::copy(src, src + inner, global.data() + (o * g_ext + map[static_cast<std::size_t>(i)]) * inner);
-    }
+  for_each_shard_row(spec, tp, rank, [&](std::int64_t l, std::int64_t g, std::int64_t n) {
+    std::copy_n(local.data() + l, n, global.data() + g);
+  });
 }
 
 /// Per-element 0/1 weights of a local shard: 1 where this rank owns the element (see

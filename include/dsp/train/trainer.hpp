@@ -86,7 +86,7 @@ class Trainer {
     for (const auto& windows : sampler_.next_global_batch()) {
       MicroBatch mb{static_cast<std::int64_t>(windows.size()), {}, {}};
       data_->batch(false, windows, mb.inputs, mb.targets);
-      counts[0] += static_cast<double>(std::count_if(mb.targets.begin(), mb.targets.end(), [](auto t) { return t >= 0; }));
+      counts[0] += count_loss_tokens(mb.targets);
       micro_batches.push_back(std::move(mb));
     }
     mesh_->data_group().all_reduce(std::span(counts));
@@ -130,7 +130,7 @@ class Trainer {
         typename model::CausalLM<Policy>::Activations act;
         const auto loss = model_.forward(ctx, inputs, targets, act);
         sums[0] += std::accumulate(loss.begin(), loss.end(), 0.0);
-        sums[1] += static_cast<double>(std::count_if(targets.begin(), targets.end(), [](auto t) { return t >= 0; }));
+        sums[1] += count_loss_tokens(targets);
       }
     mesh_->data_group().all_reduce(std::span(sums));
     return sums[0] / std::max(sums[1], 1.0);
@@ -144,6 +144,11 @@ class Trainer {
   std::int64_t iteration() const { return optimizer_.steps(); }
 
  private:
+  // Targets that carry a loss (ignored positions are < 0).
+  static double count_loss_tokens(const std::vector<std::int32_t>& targets) {
+    return static_cast<double>(std::count_if(targets.begin(), targets.end(), [](auto t) { return t >= 0; }));
+  }
+
   TrainConfig tc_;
   DeviceMesh<Comm>* mesh_;
   const TokenDataset* data_;
