@@ -2,15 +2,21 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <bit>
 #include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <numeric>
 #include <stdexcept>
 #include <thread>
+#include <vector>
 
 #include "dsp/comm/launch.hpp"
 #include "dsp/core/dtype.hpp"
 
 using dsp::bf16;
+using dsp::fp16;
 using dsp::comm::launch;
 using dsp::comm::ReduceOp;
 using dsp::comm::ThreadComm;
@@ -188,11 +194,14 @@ TEST_CASE("a rank that throws with asynchronous work queued aborts the others at
   dsp::comm::LaunchOptions opt;
   opt.timeout = std::chrono::seconds(60);
   const auto t0 = std::chrono::steady_clock::now();
+  // Buffers of pending work must outlive it (Work's contract); the rank's communication thread
+  // runs until launch destroys the rank's ThreadComm, after the lambda's locals are gone.
+  std::vector<float> x(4);
   auto run = [&] {
     launch(
         2,
-        [](ThreadComm& c) {
-          std::vector<float> x(4), y(4);
+        [&](ThreadComm& c) {
+          std::vector<float> y(4);
           if (c.rank() == 0) {
             auto w = c.all_reduce_async(std::span(x));
             throw std::runtime_error("rank zero broke with work pending");
@@ -208,10 +217,10 @@ TEST_CASE("a rank that throws with asynchronous work queued aborts the others at
 TEST_CASE("an asynchronous failure nobody waited on still fails the launch") {
   dsp::comm::LaunchOptions opt;
   opt.timeout = std::chrono::milliseconds(200);
+  std::vector<float> x(4);  // outlives the pending operation (see above)
   CHECK_THROWS_AS(launch(
                       2,
-                      [](ThreadComm& c) {
-                        std::vector<float> x(4);
+                      [&](ThreadComm& c) {
                         if (c.rank() == 0) auto w = c.all_reduce_async(std::span(x));  // rank 1 never joins
                         else std::this_thread::sleep_for(std::chrono::milliseconds(600));
                       },
@@ -235,5 +244,283 @@ TEST_CASE("different collectives at the same point fail on every rank with a cle
   };
   CHECK_THROWS_WITH_AS(run(), "collective mismatch: rank 0 called all_reduce, rank 1 called reduce_scatter",
                        dsp::CommError);
+  CHECK(failures == 2);
+}
+
+namespace {
+// Largest message (elements of T) that takes the eager path (one barrier, staging buffers).
+template <class T>
+constexpr std::int64_t kEager = std::int64_t(dsp::comm::detail::Group::kStagingBytes / sizeof(T));
+
+// Element sizes that cross every path of ThreadComm's reductions for float: empty, shorter
+// than, equal to and longer than one SIMD group (16), the eager limit, one accumulator block
+// (Endpoint::kBlockBytes / 4 = 2048), and a few MiB (direct algorithm, parts of many blocks per
+// rank, a length no rank count divides).
+const std::vector<std::int64_t> kCounts = {0,    1,    15,   16,   17, kEager<float> - 1, kEager<float>, kEager<float> + 1,
+                                           1000, 2047, 2048, 2049, 786437};
+
+// Rank-valued float inputs of varied sign and magnitude (2^-12 .. 2^11 times a 16-bit integer),
+// so that fp32 sums depend on the order of the terms.
+float mixed_value(int rank, std::int64_t i) {
+  std::uint32_t h = static_cast<std::uint32_t>(i) * 0x9e3779b9u ^ static_cast<std::uint32_t>(rank + 1) * 0x85ebca6bu;
+  h ^= h >> 15;
+  h *= 0x2c1b3c6du;
+  h ^= h >> 12;
+  return std::ldexp(float(int(h & 0xffff) - 32768), int((h >> 16) % 24) - 12);
+}
+
+// Naive single-threaded reference: combine over ranks 0, 1, ..., n-1 in fp32.
+float reference(int n, std::int64_t i, ReduceOp op, bool reversed = false) {
+  float a = mixed_value(reversed ? n - 1 : 0, i);
+  for (int k = 1; k < n; ++k) {
+    const float v = mixed_value(reversed ? n - 1 - k : k, i);
+    a = op == ReduceOp::Sum ? a + v : op == ReduceOp::Max ? std::max(a, v) : std::min(a, v);
+  }
+  return a;
+}
+
+bool same_bits(float a, float b) { return std::bit_cast<std::uint32_t>(a) == std::bit_cast<std::uint32_t>(b); }
+}  // namespace
+
+TEST_CASE("all_reduce equals a rank-ordered fp32 reference bit for bit at every path and rank count") {
+  // Bitwise equal to the same reference on every rank means bitwise equal across ranks.
+  for (int n : {1, 2, 3, 4}) {
+    std::atomic<std::int64_t> wrong{0}, order_sensitive{0};
+    launch(n, [&](ThreadComm& c) {
+      for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min})
+        for (std::int64_t count : kCounts) {
+          std::vector<float> x(static_cast<std::size_t>(count));
+          for (std::int64_t i = 0; i < count; ++i) x[std::size_t(i)] = mixed_value(c.rank(), i);
+          c.all_reduce(std::span(x), op);
+          std::int64_t bad = 0, sensitive = 0;
+          for (std::int64_t i = 0; i < count; ++i) {
+            bad += !same_bits(x[std::size_t(i)], reference(n, i, op));
+            if (op == ReduceOp::Sum) sensitive += !same_bits(reference(n, i, op), reference(n, i, op, true));
+          }
+          wrong += bad;
+          if (c.rank() == 0) order_sensitive += sensitive;
+        }
+    });
+    CAPTURE(n);
+    CHECK(wrong == 0);
+    // The inputs make the check meaningful: summing in reverse rank order differs somewhere.
+    if (n >= 3) CHECK(order_sensitive > 0);
+  }
+}
+
+namespace {
+// Half-precision all_reduce: rank 0 holds 2^e, every other rank holds 2^e x half an ulp of 1 (at
+// element i, e = i mod 8 - 4). Summed in T, each step is a tie that rounds back to 2^e; summed in
+// fp32 and rounded once, the result is 2^e (1 + (n-1) half-ulps) rounded to T, which differs
+// from the step-by-step result for n >= 3 (checked below, so the test can fail).
+template <class T>
+void check_half_precision_sum(int n, std::int64_t count, float half_ulp) {
+  std::atomic<std::int64_t> wrong{0};
+  launch(n, [&](ThreadComm& c) {
+    std::vector<T> x(static_cast<std::size_t>(count));
+    auto scale = [](std::int64_t i) { return std::ldexp(1.0f, int(i % 8) - 4); };
+    for (std::int64_t i = 0; i < count; ++i) x[std::size_t(i)] = T((c.rank() == 0 ? 1.0f : half_ulp) * scale(i));
+    c.all_reduce(std::span(x));
+    std::int64_t bad = 0;
+    for (std::int64_t i = 0; i < count; ++i) {
+      const float once = static_cast<float>(T((1.0f + float(n - 1) * half_ulp) * scale(i)));
+      float stepwise = scale(i);
+      for (int k = 1; k < n; ++k) stepwise = static_cast<float>(T(stepwise + half_ulp * scale(i)));
+      bad += static_cast<float>(x[std::size_t(i)]) != once;
+      if (n >= 3) bad += once == stepwise;  // the inputs must tell the two apart
+    }
+    wrong += bad;
+  });
+  CHECK(wrong == 0);
+}
+}  // namespace
+
+TEST_CASE("bf16 and fp16 all_reduce accumulate in fp32 and round once, on every path") {
+  for (int n : {2, 3, 4})  // eager and direct paths
+    for (std::int64_t count : {std::int64_t{1}, std::int64_t{17}, kEager<bf16>, kEager<bf16> + 1, std::int64_t{100003}}) {
+      CAPTURE(n);
+      CAPTURE(count);
+      check_half_precision_sum<bf16>(n, count, 0x1.0p-8f);   // bf16: 8 significant bits
+      check_half_precision_sum<fp16>(n, count, 0x1.0p-11f);  // fp16: 11 significant bits
+    }
+}
+
+TEST_CASE("reduce_scatter in place and out of place, eager and direct") {
+  for (int n : {1, 2, 3, 4})
+    for (bool in_place : {false, true}) {
+      std::atomic<std::int64_t> wrong{0};
+      launch(n, [&](ThreadComm& c) {
+        const int r = c.rank();
+        // per-rank output counts: eager while the whole input fits the staging buffer
+        for (std::int64_t m : {std::int64_t{0}, std::int64_t{1}, std::int64_t{17}, kEager<float> / n,
+                               kEager<float> / n + 1, std::int64_t{100003}}) {
+          std::vector<float> in(static_cast<std::size_t>(m * n)), separate(static_cast<std::size_t>(m));
+          for (std::int64_t i = 0; i < m * n; ++i) in[std::size_t(i)] = mixed_value(r, i);
+          std::span<float> out = in_place ? std::span(in).subspan(std::size_t(r * m), std::size_t(m)) : std::span(separate);
+          c.reduce_scatter(std::span<const float>(in), out);
+          for (std::int64_t i = 0; i < m; ++i) wrong += !same_bits(out[std::size_t(i)], reference(n, r * m + i, ReduceOp::Sum));
+        }
+      });
+      CAPTURE(n);
+      CAPTURE(in_place);
+      CHECK(wrong == 0);
+    }
+}
+
+TEST_CASE("all_gather in place and out of place, eager and direct") {
+  for (int n : {1, 2, 3, 4})
+    for (bool in_place : {false, true}) {
+      std::atomic<std::int64_t> wrong{0};
+      launch(n, [&](ThreadComm& c) {
+        const int r = c.rank();
+        for (std::int64_t m : {std::int64_t{0}, std::int64_t{1}, std::int64_t{17}, kEager<float>, kEager<float> + 1,
+                               std::int64_t{100003}}) {  // eager while the per-rank input fits
+          std::vector<float> out(static_cast<std::size_t>(m * n), -1.0f), separate(static_cast<std::size_t>(m));
+          std::span<float> in = in_place ? std::span(out).subspan(std::size_t(r * m), std::size_t(m)) : std::span(separate);
+          for (std::int64_t i = 0; i < m; ++i) in[std::size_t(i)] = mixed_value(r, i);
+          c.all_gather(std::span<const float>(in), std::span(out));
+          for (int q = 0; q < n; ++q)
+            for (std::int64_t i = 0; i < m; ++i) wrong += !same_bits(out[std::size_t(q * m + i)], mixed_value(q, i));
+        }
+      });
+      CAPTURE(n);
+      CAPTURE(in_place);
+      CHECK(wrong == 0);
+    }
+}
+
+TEST_CASE("reduce_scatter and all_gather reject overlaps other than the in-place block") {
+  auto reduce_scatter_shifted = [] {
+    launch(2, [](ThreadComm& c) {
+      std::vector<float> buf(9);
+      c.reduce_scatter(std::span<const float>(buf).first(8), std::span(buf).subspan(1, 4));  // not in + rank x 4
+    });
+  };
+  CHECK_THROWS_WITH_AS(reduce_scatter_shifted(),
+                       "reduce_scatter: the output overlaps the input other than as this rank's block (in + rank x count)",
+                       dsp::CommError);
+  auto all_gather_shifted = [] {
+    launch(2, [](ThreadComm& c) {
+      std::vector<float> buf(9);
+      c.all_gather(std::span<const float>(buf).subspan(1, 4), std::span(buf).first(8));
+    });
+  };
+  CHECK_THROWS_WITH_AS(all_gather_shifted(),
+                       "all_gather: the input overlaps the output other than as this rank's block (out + rank x count)",
+                       dsp::CommError);
+}
+
+TEST_CASE("asynchronous collectives interleaved with synchronous ones") {
+  launch(4, [](ThreadComm& c) {
+    const int r = c.rank(), n = c.size();
+    for (int round = 0; round < 20; ++round) {
+      const std::size_t big = round % 2 ? 100003 : 5;  // direct and eager paths
+      std::vector<float> a(big, float(r + round)), b(7, float(r)), rs_in(4 * n, float(r)), rs_out(4), ag(3 * n);
+      std::vector<float> mine(3, float(r * round));
+      auto wa = c.all_reduce_async(std::span(a));
+      c.all_reduce(std::span(b), ReduceOp::Max);  // queued behind wa
+      auto wr = c.reduce_scatter_async(std::span<const float>(rs_in), std::span(rs_out));
+      auto wg = c.all_gather_async(std::span<const float>(mine), std::span(ag));
+      c.barrier();
+      wa.wait();
+      wr.wait();
+      wg.wait();
+      CHECK(a[big - 1] == float(6 + 4 * round));
+      CHECK(b[0] == 3.0f);
+      CHECK(rs_out[3] == 6.0f);
+      for (int q = 0; q < n; ++q) CHECK(ag[std::size_t(3 * q)] == float(q * round));
+    }
+  });
+}
+
+TEST_CASE("many back-to-back small collectives at 4 ranks") {
+  // 20000 iterations stress the barrier and the alternating slot sets: every kind of
+  // collective in turn, each result checked.
+  std::atomic<std::int64_t> wrong{0};
+  launch(4, [&](ThreadComm& c) {
+    const int r = c.rank();
+    std::int64_t bad = 0;
+    for (int it = 0; it < 20000; ++it) {
+      std::vector<float> x(it % 7 + 1, float(r + it % 100));
+      switch (it % 5) {
+        case 0:
+        case 1:
+          c.all_reduce(std::span(x));
+          bad += x.back() != float(6 + 4 * (it % 100));
+          break;
+        case 2: {
+          std::vector<float> all(4 * x.size());
+          c.all_gather(std::span<const float>(x), std::span(all));
+          bad += all.back() != float(3 + it % 100);
+          break;
+        }
+        case 3: {
+          std::vector<float> in(4 * x.size(), float(r)), out(x.size());
+          c.reduce_scatter(std::span<const float>(in), std::span(out));
+          bad += out[0] != 6.0f;
+          break;
+        }
+        case 4:
+          c.broadcast(std::span(x), it % 4);
+          bad += x[0] != float(it % 4 + it % 100);
+          c.barrier();
+          break;
+      }
+    }
+    wrong += bad;
+  });
+  CHECK(wrong == 0);
+}
+
+TEST_CASE("a rank that fails while the others wait in a collective aborts them quickly") {
+  // The others are in the barrier's spin, yield or sleep phase when rank 1 throws (after
+  // 0, 0.2 or 30 ms); all must see AbortedError within about one 20 ms sleep, far from the
+  // 60 s timeout.
+  for (int delay_us : {0, 200, 30000}) {
+    dsp::comm::LaunchOptions opt;
+    opt.timeout = std::chrono::seconds(60);
+    std::atomic<int> aborted{0};
+    const auto t0 = std::chrono::steady_clock::now();
+    auto run = [&] {
+      launch(
+          3,
+          [&](ThreadComm& c) {
+            std::vector<float> x(100003);  // direct path: the first barrier waits for rank 1
+            if (c.rank() == 1) {
+              const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(delay_us);
+              while (std::chrono::steady_clock::now() < until) {
+              }
+              throw std::runtime_error("rank one broke");
+            }
+            try {
+              c.all_reduce(std::span(x));
+            } catch (const dsp::AbortedError&) {
+              ++aborted;
+              throw;
+            }
+          },
+          opt);
+    };
+    CAPTURE(delay_us);
+    CHECK_THROWS_WITH_AS(run(), "rank one broke", std::runtime_error);
+    CHECK(aborted == 2);
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2));
+  }
+}
+
+TEST_CASE("eager and direct sizes that disagree fail on every rank") {
+  std::atomic<int> failures{0};
+  auto run = [&] {
+    launch(2, [&](ThreadComm& c) {
+      std::vector<float> x(c.rank() == 0 ? 10 : 100000);  // rank 0 eager, rank 1 direct
+      try {
+        c.all_reduce(std::span(x));
+      } catch (const dsp::CommError&) {
+        ++failures;
+        throw;
+      }
+    });
+  };
+  CHECK_THROWS_WITH_AS(run(), "all_reduce: ranks disagree on size/arguments (rank 0: 10, rank 1: 100000)", dsp::CommError);
   CHECK(failures == 2);
 }

@@ -1,8 +1,9 @@
-// core: bf16 rounding, the Philox counter RNG, Tensor, divide.
+// core: bf16 and fp16 rounding, the Philox counter RNG, Tensor, divide.
 #include <doctest/doctest.h>
 
 #include <bit>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 
 #include "dsp/core/divide.hpp"
@@ -11,6 +12,7 @@
 #include "dsp/core/tensor.hpp"
 
 using dsp::bf16;
+using dsp::fp16;
 
 TEST_CASE("bf16 rounds to nearest, ties to even, and keeps NaN and infinities") {
   auto bits = [](float f) { return bf16(f).bits; };
@@ -27,6 +29,78 @@ TEST_CASE("bf16 rounds to nearest, ties to even, and keeps NaN and infinities") 
   CHECK(std::isnan(static_cast<float>(bf16(std::numeric_limits<float>::quiet_NaN()))));
   CHECK(std::isnan(static_cast<float>(bf16(std::bit_cast<float>(0x7f800001u)))));  // signalling NaN stays NaN
   CHECK(static_cast<float>(bf16(-2.5f)) == -2.5f);
+}
+
+namespace {
+// fp16 bit pattern -> value, computed independently of fp16::to_float (ldexp in double).
+double fp16_reference(std::uint16_t h) {
+  const int exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+  const double mag = exp == 0 ? std::ldexp(mant, -24) : std::ldexp(1024 + mant, exp - 25);
+  return (h & 0x8000) ? -mag : mag;
+}
+}  // namespace
+
+TEST_CASE("fp16: every bit pattern converts to float exactly and back to itself") {
+  int bad_value = 0, bad_round_trip = 0;
+  for (std::uint32_t h = 0; h <= 0xffff; ++h) {
+    const auto b = static_cast<std::uint16_t>(h);
+    const float f = fp16::to_float(b);
+    const bool nan = (b & 0x7c00) == 0x7c00 && (b & 0x03ff) != 0;
+    const bool inf = (b & 0x7fff) == 0x7c00;
+    if (nan) {
+      bad_value += !std::isnan(f) || std::signbit(f) != bool(b & 0x8000);
+      bad_round_trip += fp16::from_float(f) != (b | 0x0200);  // quietened, payload and sign kept
+    } else {
+      const double want = inf ? ((b & 0x8000) ? -HUGE_VAL : HUGE_VAL) : fp16_reference(b);
+      bad_value += double(f) != want || std::signbit(f) != bool(b & 0x8000);  // -0 stays -0
+      bad_round_trip += fp16::from_float(f) != b;
+    }
+  }
+  CHECK(bad_value == 0);
+  CHECK(bad_round_trip == 0);
+}
+
+TEST_CASE("fp16 rounds to nearest, ties to even, at every pair of neighbours") {
+  // For each pair of adjacent non-negative fp16 values (a, b), including the largest finite
+  // value and infinity (whose would-be value is 2^16), the midpoint (exact in fp32) goes to the
+  // one with an even mantissa and its float neighbours go to the nearer one.
+  int bad = 0;
+  for (std::uint16_t a = 0; a < 0x7c00; ++a) {
+    const auto b = static_cast<std::uint16_t>(a + 1);
+    const float fa = fp16::to_float(a), fb = b == 0x7c00 ? 65536.0f : fp16::to_float(b);
+    const float mid = (fa + fb) / 2;
+    const std::uint16_t even = (a & 1) ? b : a;
+    bad += fp16::from_float(mid) != even;
+    bad += fp16::from_float(std::nextafter(mid, 0.0f)) != a;
+    bad += fp16::from_float(std::nextafter(mid, HUGE_VALF)) != b;
+    bad += fp16::from_float(-mid) != (even | 0x8000);
+  }
+  CHECK(bad == 0);
+}
+
+TEST_CASE("fp16 overflow, subnormals, NaN and infinities") {
+  auto bits = [](float f) { return fp16::from_float(f); };
+  CHECK(bits(1.0f) == 0x3c00);
+  CHECK(bits(65504.0f) == 0x7bff);                                   // largest finite
+  CHECK(bits(std::nextafter(65520.0f, 0.0f)) == 0x7bff);             // below the overflow threshold
+  CHECK(bits(65520.0f) == 0x7c00);                                   // tie with 2^16: to even = infinity
+  CHECK(bits(1e6f) == 0x7c00);
+  CHECK(bits(-1e30f) == 0xfc00);
+  CHECK(bits(HUGE_VALF) == 0x7c00);
+  CHECK(bits(-HUGE_VALF) == 0xfc00);
+  CHECK(bits(0x1.0p-14f) == 0x0400);                                 // smallest normal
+  CHECK(bits(std::nextafter(0x1.0p-14f, 0.0f)) == 0x0400);           // rounds up into the normals
+  CHECK(bits(0x1.0p-24f) == 0x0001);                                 // smallest subnormal
+  CHECK(bits(0x1.0p-25f) == 0x0000);                                 // tie between 0 and 2^-24: even
+  CHECK(bits(std::nextafter(0x1.0p-25f, 1.0f)) == 0x0001);
+  CHECK(bits(3 * 0x1.0p-25f) == 0x0002);                             // tie between 1 and 2 units: even
+  CHECK(bits(std::numeric_limits<float>::denorm_min()) == 0x0000);
+  CHECK(bits(-0.0f) == 0x8000);
+  CHECK(std::isnan(static_cast<float>(fp16(std::numeric_limits<float>::quiet_NaN()))));
+  CHECK(std::isnan(static_cast<float>(fp16(std::bit_cast<float>(0x7f800001u)))));  // signalling NaN stays NaN
+  CHECK(static_cast<float>(fp16(-2.5f)) == -2.5f);
+  CHECK(dsp::to_accum(fp16(0.5f)) == 0.5f);
+  CHECK(dsp::from_accum<fp16>(1.0f + 0x1.0p-11f).bits == 0x3c00);    // one rounding, to even
 }
 
 TEST_CASE("Philox4x32-10 matches the Random123 known-answer vectors") {

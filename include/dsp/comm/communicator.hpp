@@ -11,15 +11,18 @@
 
 namespace dsp::comm {
 
-/// A group of ranks with the collective set of DESIGN.md section 3. Checked with float and
-/// bf16 payloads; every operation also has a `*_async` form returning Work.
+/// A group of ranks with the collective set of DESIGN.md section 3. Checked with float, bf16
+/// and fp16 payloads (16-bit reductions accumulate in fp32); every operation also has a
+/// `*_async` form returning Work.
 template <class C>
 concept Communicator = std::movable<C> && requires(C c, std::span<float> f, std::span<const float> cf,
-                                                   std::span<bf16> b, std::vector<std::int64_t> counts) {
+                                                   std::span<bf16> b, std::span<fp16> h,
+                                                   std::vector<std::int64_t> counts) {
   { c.rank() } -> std::convertible_to<int>;
   { c.size() } -> std::convertible_to<int>;
   c.all_reduce(f, ReduceOp::Sum);
   c.all_reduce(b, ReduceOp::Sum);
+  c.all_reduce(h, ReduceOp::Sum);
   { c.all_reduce_async(f, ReduceOp::Sum) } -> std::same_as<Work>;
   c.reduce_scatter(cf, f, ReduceOp::Sum);
   c.all_gather(cf, f);

@@ -13,6 +13,7 @@
 #include "dsp/comm/thread_comm.hpp"
 #include "dsp/core/error.hpp"
 #include "dsp/core/threads.hpp"
+#include "dsp/core/trace.hpp"
 
 namespace dsp::comm {
 
@@ -37,6 +38,7 @@ struct LaunchOptions {
 /// is aborted (the other ranks' pending and later operations throw AbortedError) and launch
 /// rethrows the first rank's original exception after joining all threads. While it runs,
 /// dsp::ranks_per_process() is world_size (the host backend sizes its BLAS threads from it).
+/// Each rank's thread starts as trace rank `rank` on the "main" track (trace::set_thread_rank).
 /// Throws ConfigError when world_size < 1.
 inline void launch(int world_size, const std::function<void(ThreadComm&)>& fn, LaunchOptions options = {}) {
   DSP_CHECK_AS(ConfigError, world_size >= 1, "launch: world size must be >= 1, got ", world_size);
@@ -48,6 +50,7 @@ inline void launch(int world_size, const std::function<void(ThreadComm&)>& fn, L
   std::exception_ptr first;        // first error that is not a consequence of the abort
   std::exception_ptr first_abort;  // kept in case only aborts were seen
   auto rank_main = [&](int rank) {
+    trace::set_thread_rank(rank);
     try {
       ThreadComm world(group, rank);
       fn(world);

@@ -1,10 +1,12 @@
 #pragma once
-// Element types: fp32 and bf16 (bfloat16 stored on the host, converted with round to
-// nearest even). Arithmetic on bf16 is always done in fp32.
+// Element types: fp32, bf16 (bfloat16) and fp16 (IEEE binary16), the 16-bit ones stored on
+// the host and converted from float with round to nearest even. Arithmetic on bf16 and fp16
+// is always done in fp32.
 #include <bit>
 #include <cstdint>
 #include <cstring>
 #include <string_view>
+#include <type_traits>
 
 #include "dsp/core/error.hpp"
 
@@ -53,13 +55,58 @@ struct bf16 {
 
   static std::uint16_t from_float(float f) {
     const std::uint32_t u = std::bit_cast<std::uint32_t>(f);
-    if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu) != 0)
-      return static_cast<std::uint16_t>((u >> 16) | 0x0040u);  // quiet NaN
-    const std::uint32_t lsb = (u >> 16) & 1u;
-    return static_cast<std::uint16_t>((u + 0x7fffu + lsb) >> 16);
+    const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const std::uint32_t quiet_nan = (u >> 16) | 0x0040u;
+    // A select, not a branch, so that loops of conversions vectorise (signed compare: SSE2 has
+    // no unsigned one; both sides are non-negative).
+    const bool nan = static_cast<std::int32_t>(u & 0x7fffffffu) > 0x7f800000;
+    return static_cast<std::uint16_t>(nan ? quiet_nan : rounded);
   }
   static float to_float(std::uint16_t b) {
     return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16);
+  }
+};
+
+/// fp16: IEEE 754 binary16 (1 sign, 5 exponent bits with bias 15, 10 mantissa bits; largest
+/// finite 65504, smallest normal 2^-14, smallest subnormal 2^-24). Conversion from float rounds
+/// to nearest, ties to even, including into the subnormal range; values of magnitude >= 65520
+/// (65504 + half a unit in the last place) become infinity; NaN becomes a quiet NaN (payload
+/// bits 13-22 kept, quiet bit set). Conversion to float is exact. Both are correct whatever the
+/// FPU's flush-to-zero / denormals-are-zero modes (the only float arithmetic, in the subnormal
+/// paths, has normal operands and results). Not a DType: checkpoints read and write F32/BF16 only.
+/// Reference: F. Giesen, "float->half variants" (float_to_half_fast3_rtne), public domain.
+struct fp16 {
+  std::uint16_t bits = 0;
+
+  constexpr fp16() = default;
+  explicit fp16(float f) : bits(from_float(f)) {}
+  explicit operator float() const { return to_float(bits); }
+
+  static std::uint16_t from_float(float f) {
+    std::uint32_t u = std::bit_cast<std::uint32_t>(f);
+    const auto sign = static_cast<std::uint16_t>((u >> 16) & 0x8000u);
+    u &= 0x7fffffffu;
+    std::uint32_t h;
+    if (u >= 0x47800000u) {  // |f| >= 2^16, inf or NaN: all exponent bits set
+      h = u > 0x7f800000u ? 0x7e00u | ((u >> 13) & 0x03ffu) : 0x7c00u;
+    } else if (u < 0x38800000u) {  // |f| < 2^-14: fp16 subnormal or zero
+      // Adding 0.5 puts the 2^-24 unit of fp16 subnormals at fp32's last mantissa bit, so the
+      // float addition rounds (to nearest even) exactly where fp16 must; subtracting 0.5's
+      // bits leaves the fp16 bit pattern (0x400 when it rounds up to the smallest normal).
+      h = std::bit_cast<std::uint32_t>(std::bit_cast<float>(u) + 0.5f) - 0x3f000000u;
+    } else {  // normal: rebias the exponent by 15 - 127 and round 23 -> 10 mantissa bits
+      const std::uint32_t odd = (u >> 13) & 1u;
+      h = (u - 0x38000000u + 0x0fffu + odd) >> 13;  // a carry into exponent 31 gives infinity
+    }
+    return static_cast<std::uint16_t>(sign | h);
+  }
+  static float to_float(std::uint16_t h) {
+    const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+    const std::uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x03ffu;
+    if (exp == 0x1fu) return std::bit_cast<float>(sign | 0x7f800000u | (mant << 13));  // inf, NaN
+    if (exp != 0) return std::bit_cast<float>(sign | ((exp + 112u) << 23) | (mant << 13));
+    const float sub = static_cast<float>(mant) * 0x1.0p-24f;  // zero or subnormal: exact
+    return sign ? -sub : sub;
   }
 };
 
@@ -75,17 +122,18 @@ constexpr DType dtype_of<std::int32_t>() { return DType::I32; }
 template <>
 constexpr DType dtype_of<std::int64_t>() { return DType::I64; }
 
-/// Widens an element to the type reductions accumulate in (fp32 for bf16).
+/// Widens an element to the type reductions accumulate in (fp32 for bf16 and fp16).
 inline float to_accum(bf16 v) { return static_cast<float>(v); }
+inline float to_accum(fp16 v) { return static_cast<float>(v); }
 inline float to_accum(float v) { return v; }
 inline double to_accum(double v) { return v; }
 inline std::int64_t to_accum(std::int64_t v) { return v; }
 inline std::int32_t to_accum(std::int32_t v) { return v; }
 
-/// Narrows an accumulator back to T (round to nearest even for bf16).
+/// Narrows an accumulator back to T (round to nearest even for bf16 and fp16).
 template <class T, class A>
 T from_accum(A a) {
-  if constexpr (std::is_same_v<T, bf16>) return bf16(static_cast<float>(a));
+  if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, fp16>) return T(static_cast<float>(a));
   else return static_cast<T>(a);
 }
 

@@ -4,7 +4,10 @@
 // Destroyed while an exception unwinds the rank with operations still pending, it aborts the
 // whole launch (the peers would otherwise wait for this rank until the timeout); once the
 // launch is aborted, queued operations complete with AbortedError without running.
+// Each operation is a trace::Span of kind comm on the worker's thread, which records for the
+// trace rank of the thread that created the worker, on the track given at construction.
 #include <condition_variable>
+#include <cstdint>
 #include <deque>
 #include <exception>
 #include <functional>
@@ -15,13 +18,16 @@
 #include "dsp/comm/detail/universe.hpp"
 #include "dsp/comm/work.hpp"
 #include "dsp/core/error.hpp"
+#include "dsp/core/trace.hpp"
 
 namespace dsp::comm::detail {
 
 class Worker {
  public:
-  Worker(std::shared_ptr<Universe> universe, int rank)
-      : universe_(std::move(universe)), rank_(rank), thread_([this] { loop(); }) {}
+  /// track: the worker thread's name in a trace ("comm", "p2p").
+  Worker(std::shared_ptr<Universe> universe, int rank, const char* track = "comm")
+      : universe_(std::move(universe)), rank_(rank), trace_rank_(trace::thread_rank()), track_(track),
+        thread_([this] { loop(); }) {}
   ~Worker() {
     {
       std::lock_guard lk(mu_);
@@ -35,12 +41,14 @@ class Worker {
   Worker(const Worker&) = delete;
   Worker& operator=(const Worker&) = delete;
 
-  /// Queues fn; the returned Work completes when fn returned or threw.
-  Work submit(std::function<void()> fn) {
+  /// Queues fn; the returned Work completes when fn returned or threw. name (a string
+  /// literal: the API call) and bytes label its trace span.
+  Work submit(const char* name, std::int64_t bytes, std::function<void()> fn) {
     auto state = std::make_shared<Work::State>();
+    state->op = name;
     {
       std::lock_guard lk(mu_);
-      queue_.push_back({std::move(fn), state});
+      queue_.push_back({std::move(fn), state, name, bytes});
       ++pending_;
     }
     cv_.notify_all();
@@ -56,8 +64,11 @@ class Worker {
   struct Task {
     std::function<void()> fn;
     std::shared_ptr<Work::State> state;
+    const char* name = "";
+    std::int64_t bytes = 0;
   };
   void loop() {
+    trace::set_thread_rank(trace_rank_, track_);
     for (;;) {
       Task t;
       {
@@ -71,6 +82,7 @@ class Worker {
       try {
         if (universe_->aborted.load())
           throw AbortedError(::dsp::detail::concat("rank ", rank_, ": operation cancelled because ", universe_->reason()));
+        trace::Span span(t.name, trace::Kind::Comm, {{"bytes", t.bytes}});
         t.fn();
       } catch (...) {
         err = std::current_exception();
@@ -85,6 +97,8 @@ class Worker {
 
   std::shared_ptr<Universe> universe_;
   int rank_;
+  int trace_rank_;
+  const char* track_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Task> queue_;
