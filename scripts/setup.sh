@@ -15,6 +15,8 @@ packages=(
   nlohmann-json3-dev   # configs, checkpoint manifests
   libcli11-dev         # samples' command lines
   zlib1g-dev           # checksums (crc32)
+  libopenmpi-dev       # comm::MpiComm (DSP_ENABLE_MPI turns on when CMake finds MPI)
+  openmpi-bin          # mpiexec: the MPI tests and `mpiexec -n N dsp-train`
 )
 
 missing=()

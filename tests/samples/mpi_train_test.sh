@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# dsp-train under mpiexec (one rank per process, MpiComm) against the thread run (ThreadComm):
+#  - TP=2 x DP=2 on 4 processes gives the thread run's 20 losses within 1e-5 relative;
+#  - --world-size that differs from the MPI size: a message naming both, non-zero exit;
+#  - --profile-file on 2 processes: rank 0 writes one trace with spans of both ranks;
+#  - a rank killed with SIGKILL, and a rank that throws (only rank 0 opens the metrics file):
+#    mpiexec ends every rank and exits non-zero within 30 s, naming the failure.
+# Prints the wall time of the thread and the MPI run.
+# Usage: mpi_train_test.sh BIN_DIR DATA_FILE MPIEXEC [MPIEXEC_FLAGS...]
+set -uo pipefail
+bin=$1
+data=$2
+mpiexec=$3
+shift 3
+mpi=("$mpiexec" "$@")
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+passed=0
+failed=0
+ok() { passed=$((passed + 1)); }
+fail() { failed=$((failed + 1)); echo "FAILED: $*"; }
+now() { date +%s.%N; }
+
+model=(--data-path "$data" --num-layers 2 --hidden-size 64 --num-attention-heads 4 --ffn-hidden-size 128
+       --seq-length 32 --micro-batch-size 2 --global-batch-size 8 --lr 3e-3 --peak-flops 1e10
+       --tensor-model-parallel-size 2)
+
+# step and loss of every line of a metrics file, as "step loss"
+losses() { sed -E 's/.*"loss":([^,}]*).*"step":([0-9]+).*/\2 \1/' "$1"; }
+
+# --- MPI run == thread run ------------------------------------------------------------------
+t0=$(now)
+"$bin/dsp-train" --world-size 4 "${model[@]}" --train-iters 20 --metrics-file "$work/threads.jsonl" >/dev/null \
+  || fail "thread run"
+t1=$(now)
+timeout 120 "${mpi[@]}" -n 4 "$bin/dsp-train" "${model[@]}" --train-iters 20 --metrics-file "$work/mpi.jsonl" \
+  >"$work/mpi.out" 2>&1 || fail "MPI run: $(cat "$work/mpi.out")"
+t2=$(now)
+grep -q "TP2/PP1/DP2" "$work/mpi.out" && ok || fail "MPI run did not report its layout: $(cat "$work/mpi.out")"
+if [ "$(losses "$work/threads.jsonl" | wc -l)" -eq 20 ] && [ "$(losses "$work/mpi.jsonl" | wc -l)" -eq 20 ]; then
+  worst=$(paste -d' ' <(losses "$work/threads.jsonl") <(losses "$work/mpi.jsonl") | awk '
+    $1 != $3 { print "step mismatch"; exit }
+    { d = $2 - $4; if (d < 0) d = -d; m = $2 < 0 ? -$2 : $2; r = d / m; if (r > worst) worst = r }
+    END { if (worst == "") worst = 0; print worst }')
+  awk -v w="$worst" 'BEGIN { exit !(w != "step mismatch" && w <= 1e-5) }' && ok \
+    || fail "MPI losses differ from the thread run's (max relative difference $worst)"
+  echo "max relative loss difference, MPI vs threads over 20 steps: $worst"
+else
+  fail "expected 20 losses from each run"
+fi
+awk -v a="$t0" -v b="$t1" -v c="$t2" 'BEGIN { printf "wall time: threads %.2f s, mpiexec -n 4 %.2f s\n", b - a, c - b }'
+
+# --- --world-size must equal the MPI size ---------------------------------------------------
+timeout 60 "${mpi[@]}" -n 2 "$bin/dsp-train" "${model[@]}" --world-size 4 --train-iters 2 >"$work/out" 2>&1
+rc=$?
+if [ "$rc" -ne 0 ] && grep -qF -- "--world-size 4 does not match the MPI world size 2" "$work/out"; then ok
+else fail "world size mismatch: rc $rc: $(cat "$work/out")"; fi
+
+# --- one trace file with every rank's spans ------------------------------------------------
+timeout 120 "${mpi[@]}" -n 2 "$bin/dsp-train" "${model[@]}" --train-iters 4 --profile-file "$work/trace.json" \
+  >"$work/out" 2>&1 || fail "profiled MPI run: $(cat "$work/out")"
+# complete events ("ph":"X"; nlohmann::json writes keys sorted, so pid follows ph) per rank
+spans() { grep -o '"ph":"X","pid":[0-9]*' "$work/trace.json" | sort | uniq -c; }
+if [ -s "$work/trace.json" ] && [ "$(spans | wc -l)" -eq 2 ] && spans | grep -q '"pid":0$' && spans | grep -q '"pid":1$' \
+   && grep -q '"name":"backward"' "$work/trace.json"; then ok
+else fail "trace of the MPI run lacks a rank's spans: $(spans)"; fi
+
+# --- failures end the job -------------------------------------------------------------------
+# wait_bounded PID SECONDS: waits for PID to exit; returns its exit code, or 124 after SECONDS
+# (and kills it).
+wait_bounded() {
+  local pid=$1 limit=$2 t=0
+  while kill -0 "$pid" 2>/dev/null && [ "$t" -lt $((limit * 10)) ]; do sleep 0.1; t=$((t + 1)); done
+  if kill -0 "$pid" 2>/dev/null; then
+    pkill -KILL -P "$pid"; kill -KILL "$pid"; wait "$pid"; return 124
+  fi
+  wait "$pid"
+}
+
+# A rank killed with SIGKILL while training.
+"${mpi[@]}" -n 2 "$bin/dsp-train" "${model[@]}" --train-iters 100000 --log-interval 1 \
+  --metrics-file "$work/long.jsonl" >"$work/kill.out" 2>&1 &
+job=$!
+for _ in $(seq 600); do [ -s "$work/long.jsonl" ] && break; sleep 0.1; done
+victim=$(pgrep -P "$job" -f dsp-train | tail -1)
+if [ -s "$work/long.jsonl" ] && [ -n "$victim" ]; then
+  kill -KILL "$victim"
+  wait_bounded "$job" 30
+  rc=$?
+  if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && grep -qiE "signal 9|killed" "$work/kill.out"; then ok
+  else fail "killed rank: rc $rc (124: still running after 30 s): $(tail -20 "$work/kill.out")"; fi
+  grep -iE "signal 9|killed" "$work/kill.out" | head -2
+else
+  wait_bounded "$job" 1
+  fail "the MPI job did not start training: $(tail -20 "$work/kill.out")"
+fi
+
+# A rank that throws: only rank 0 opens the metrics file, after the mesh and model exist, so
+# the other ranks are already waiting in the first step's collectives.
+"${mpi[@]}" -n 2 "$bin/dsp-train" "${model[@]}" --train-iters 20 --metrics-file "$work/no/such/dir/m.jsonl" \
+  >"$work/throw.out" 2>&1 &
+job=$!
+wait_bounded "$job" 30
+rc=$?
+if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && grep -qF "rank 0 failed: cannot write metrics file" "$work/throw.out"; then ok
+else fail "throwing rank: rc $rc (124: still running after 30 s): $(tail -20 "$work/throw.out")"; fi
+
+echo "mpi_train_test: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
