@@ -1,18 +1,26 @@
 // dsp-train: trains the dense decoder on a byte-level text file with tensor and data
-// parallelism (threads as ranks), Megatron flag spelling. Writes JSON-lines metrics, a
+// parallelism (threads as ranks, or processes under mpiexec), Megatron flag spelling. Writes JSON-lines metrics, a
 // live progress line on a terminal, and sharded checkpoints.
 //
 //   dsp-train --world-size 4 --tensor-model-parallel-size 2 --data-path data/tinyshakespeare.txt
 //             --train-iters 300 --save ckpt --metrics-file metrics.jsonl
+//   mpiexec -n 4 dsp-train --tensor-model-parallel-size 2 ...   (the same training, MpiComm)
+//
+// --profile-file trace.json writes a Chrome trace of steps [--profile-step-start,
+// --profile-step-end): per rank, compute, communication and idle spans (ui.perfetto.dev),
+// every rank in the one file, under mpiexec too (rank 0 gathers and writes it).
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <optional>
 
 #include "cli.hpp"
+#include "ranks.hpp"
+#include "dsp/core/trace.hpp"
 #include "dsp/train/checkpointing.hpp"
 #include "dsp/train/metrics.hpp"
 #include "dsp/train/trainer.hpp"
@@ -20,18 +28,20 @@
 namespace {
 
 struct Options {
-  int world_size = 1;
+  int world_size = 0;  // 0: not given (1 thread, or the MPI size under mpiexec)
   int tensor_parallel = 1;
   dsp::model::ModelConfig model;
   bool untie = false;
   dsp::train::TrainConfig train;
   std::int64_t eval_interval = 0, save_interval = 0, exit_interval = 0, log_interval = 10;
-  std::string data_path, save, load, metrics_file;
+  std::string data_path, save, load, metrics_file, grad_reduce_dtype = "fp32";
   double peak_flops = 0;
+  std::string profile_file;
+  std::int64_t profile_step_start = 2, profile_step_end = 4;  // steps 2 and 3: past step 1's warm-up
 };
 
 void add_flags(CLI::App& app, Options& o) {
-  app.add_option("--world-size", o.world_size, "ranks (threads); data-parallel size = world / (TP x PP)");
+  app.add_option("--world-size", o.world_size, "ranks (threads; under mpiexec the MPI size, which it must equal); data-parallel size = world / (TP x PP)");
   app.add_option("--tensor-model-parallel-size", o.tensor_parallel, "tensor-parallel size");
   app.add_option("--num-layers", o.model.num_layers, "decoder layers");
   app.add_option("--hidden-size", o.model.hidden_size, "hidden size");
@@ -57,6 +67,11 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--adam-eps", o.train.adam.eps, "AdamW epsilon");
   app.add_option("--clip-grad", o.train.clip_grad, "global gradient-norm clip (0: off)");
   app.add_option("--seed", o.train.seed, "seed of parameters and data order");
+  app.add_option("--ddp-bucket-size", o.train.ddp.bucket_size_bytes, "bytes of gradients per data-parallel all-reduce bucket");
+  app.add_flag("--overlap-grad-reduce,!--no-overlap-grad-reduce", o.train.ddp.overlap_grad_reduce,
+               "start each bucket's all-reduce during backward (identical results)");
+  app.add_option("--grad-reduce-dtype", o.grad_reduce_dtype, "dtype of the data-parallel gradient all-reduce: fp32 or bf16")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_option("--eval-interval", o.eval_interval, "evaluate every N steps (0: only at the end)");
   app.add_option("--eval-iters", o.train.eval_iters, "validation global batches per evaluation");
   app.add_option("--log-interval", o.log_interval, "log line every N steps when not on a terminal");
@@ -67,6 +82,9 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--data-path", o.data_path, "text file; bytes are tokens, the last 10% is validation")->required();
   app.add_option("--metrics-file", o.metrics_file, "JSON lines: step, loss, val_loss, lr, grad_norm, tokens_per_s, mfu");
   app.add_option("--peak-flops", o.peak_flops, "FLOP/s that MFU is measured against (default: measured sgemm peak)");
+  app.add_option("--profile-file", o.profile_file, "write a Chrome trace (ui.perfetto.dev) of the profiled steps here");
+  app.add_option("--profile-step-start", o.profile_step_start, "first profiled optimizer step (1-based; default 2)");
+  app.add_option("--profile-step-end", o.profile_step_end, "profiled steps end before this one (default 4)");
 }
 
 std::string eta(double seconds) {
@@ -77,15 +95,23 @@ std::string eta(double seconds) {
 }
 
 void train(Options& o) {
-  using P = samples::HostPolicy;
   o.model.tie_word_embeddings = !o.untie;
   if (o.peak_flops <= 0) o.peak_flops = dsp::train::measure_sgemm_peak<dsp::backend::Host>();
   const auto data = dsp::train::TokenDataset::from_file(o.data_path, o.model.seq_length);
   if (!o.save.empty()) dsp::checkpoint::check_replaceable(o.save);  // fail now, not after training
+  if (!o.profile_file.empty()) {
+    DSP_CHECK_AS(dsp::ConfigError, o.profile_step_start >= 1 && o.profile_step_end > o.profile_step_start,
+                 "--profile-step-start (", o.profile_step_start, ") must be >= 1 and below --profile-step-end (",
+                 o.profile_step_end, ")");
+    const auto dir = std::filesystem::path(o.profile_file).parent_path();
+    DSP_CHECK_AS(dsp::InputError, access(dir.empty() ? "." : dir.c_str(), W_OK) == 0, "cannot write trace file '",
+                 o.profile_file, "': its directory is not writable");
+  }
   const double flops_per_token = dsp::train::training_flops_per_token(o.model);
   const bool tty = isatty(fileno(stdout));
 
-  dsp::comm::launch(o.world_size, [&](dsp::comm::ThreadComm& world) {
+  samples::run_ranks(o.world_size, [&]<class Comm>(Comm& world) {  // ThreadComm, or MpiComm under mpiexec
+    using P = dsp::Policy<dsp::backend::Host, Comm>;
     dsp::DeviceMesh mesh(world, dsp::ParallelLayout{.tensor = o.tensor_parallel});
     dsp::train::Trainer<P> trainer(o.model, o.train, mesh, data);
     if (!o.load.empty()) dsp::train::load_checkpoint(o.load, trainer);
@@ -103,8 +129,16 @@ void train(Options& o) {
     }
     const auto t_start = std::chrono::steady_clock::now();
     const std::int64_t first = trainer.iteration();
+    bool tracing = false;  // this rank records the trace: step in [profile_step_start, profile_step_end)
+    const auto trace_before = [&](std::int64_t step) {
+      const bool on = !o.profile_file.empty() && step >= o.profile_step_start && step < o.profile_step_end;
+      if (on != tracing) on ? dsp::trace::start() : dsp::trace::stop();
+      tracing = on;
+    };
     while (trainer.iteration() < o.train.train_iters) {
+      trace_before(trainer.iteration() + 1);
       const auto r = trainer.train_step();
+      trace_before(r.iteration + 1);
       const bool last = r.iteration == o.train.train_iters;
       const bool stop = last || (o.exit_interval > 0 && r.iteration % o.exit_interval == 0);
       const bool eval = last || (o.eval_interval > 0 && r.iteration % o.eval_interval == 0);
@@ -137,6 +171,14 @@ void train(Options& o) {
       }
       if (stop) break;
     }
+    if (!o.profile_file.empty()) {
+      trace_before(0);
+      dsp::trace::write_chrome_trace(world, o.profile_file);  // every rank's events, written by rank 0
+      if (lead) {
+        std::printf("trace of steps [%lld, %lld) in %s\n", static_cast<long long>(o.profile_step_start),
+                    static_cast<long long>(o.profile_step_end), o.profile_file.c_str());
+      }
+    }
     if (lead) {
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
       std::printf("trained %lld steps in %.1f s%s%s\n", static_cast<long long>(trainer.iteration() - first), elapsed,
@@ -153,6 +195,7 @@ int main(int argc, char** argv) {
   add_flags(app, o);
   return samples::run_main(app, argc, argv, [&] {
     if (app.count("--num-query-groups") == 0) o.model.num_query_groups = o.model.num_attention_heads;
+    o.train.ddp.grad_reduce_dtype = dsp::dp::grad_reduce_dtype_from_name(o.grad_reduce_dtype);
     train(o);
   });
 }

@@ -12,6 +12,7 @@
 // 5e-3 relative + 2e-4 absolute; measured worst case 1.8e-3 relative (9e-5 absolute) on a
 // norm weight. With eps = 1e-2 curvature alone gives 10-20 % errors, so eps matters. A wrong
 // factor, sign or missing term in any backward is an O(1) error.
+#include <algorithm>
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -46,7 +47,12 @@ double loss(model::CausalLM<P>& m, bool backward) {
   const auto ctx = model::ForwardContext::for_training(2, 8);
   model::CausalLM<P>::Activations act;
   const auto l = m.forward(ctx, ids, targets, act);
-  if (backward) m.backward(act, std::vector<float>(l.size(), 1.0f / 15.0f));
+  if (backward) {  // as the last micro-batch of a step: replicated K/V gradients summed, readiness reported
+    std::vector<model::Parameter*> reported;
+    const model::CausalLM<P>::GradReadyFn ready = [&](model::Parameter& p) { reported.push_back(&p); };
+    m.backward(act, std::vector<float>(l.size(), 1.0f / 15.0f), &ready);
+    CHECK(reported == m.grad_ready_order());  // each parameter once, in the documented order
+  }
   return std::accumulate(l.begin(), l.end(), 0.0) / 15.0;
 }
 
@@ -57,7 +63,10 @@ void check_gradients(int tp, bool tied) {
     auto& tpg = mesh.tensor_group();
     m.zero_grad();
     loss(m, true);
-    m.reduce_replicated_grads();
+    auto all = m.parameters(), ordered = m.grad_ready_order();
+    std::sort(all.begin(), all.end());
+    std::sort(ordered.begin(), ordered.end());
+    CHECK(all == ordered);  // grad_ready_order() is a permutation of parameters()
     for (auto* p : m.parameters()) {
       CAPTURE(p->spec.name);
       CAPTURE(tp);

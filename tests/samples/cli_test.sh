@@ -2,6 +2,8 @@
 # End-to-end checks of the command-line programs, each in a new process:
 #  - resume: a run stopped at step 3 and resumed gives exactly the uninterrupted losses;
 #  - served at TP1/TP4 after dsp-reshard: consistent with the training layout (<= 1e-4);
+#  - --profile-file: a Chrome trace with communication spans from every rank;
+#  - --overlap-grad-reduce on/off: the same losses; --grad-reduce-dtype bf16 trains;
 #  - bad input: a clear message, a non-zero exit and no partial output.
 # Usage: cli_test.sh BIN_DIR DATA_FILE
 set -uo pipefail
@@ -62,7 +64,34 @@ diff <(tail -n +2 "$work/gen1") <(tail -n +2 "$work/gen4") >/dev/null && ok || f
 "$bin/dsp-reshard" --load "$work/ckpt" --save "$work/hf" --merge >/dev/null && [ -f "$work/hf/model.safetensors" ] \
   && [ -f "$work/hf/config.json" ] && ok || fail "merge"
 
+# --- timeline: TP2 x DP2, steps 2 and 3 -----------------------------------------------------
+"$bin/dsp-train" --world-size 4 --tensor-model-parallel-size 2 "${model[@]}" --profile-file "$work/trace.json" \
+  >/dev/null || fail "profiled run"
+if grep -q '"traceEvents"' "$work/trace.json" && grep -q '"name":"forward"' "$work/trace.json"; then
+  grep -o '"cat":"comm"[^}]*}' "$work/trace.json" >"$work/comm_spans"  # keys sorted: args, cat, dur, name, ph, pid, ...
+  for r in 0 1 2 3; do
+    grep -q "\"pid\":$r," "$work/comm_spans" && ok || fail "trace: no comm span of rank $r"
+  done
+else
+  fail "trace: no traceEvents or forward spans in $work/trace.json"
+fi
+
+# --- data-parallel buckets: overlap on == off (bitwise losses); bf16 transport trains ------
+"$bin/dsp-train" --world-size 2 "${model[@]}" --ddp-bucket-size 4096 --metrics-file "$work/dp_off.jsonl" >/dev/null \
+  || fail "DP2 run, overlap off"
+"$bin/dsp-train" --world-size 2 "${model[@]}" --ddp-bucket-size 4096 --overlap-grad-reduce \
+  --metrics-file "$work/dp_on.jsonl" >/dev/null || fail "DP2 run, overlap on"
+diff <(losses "$work/dp_off.jsonl") <(losses "$work/dp_on.jsonl") >/dev/null && [ "$(wc -l <"$work/dp_on.jsonl")" -eq 6 ] \
+  && ok || fail "--overlap-grad-reduce changed the losses: $(diff <(losses "$work/dp_off.jsonl") <(losses "$work/dp_on.jsonl"))"
+"$bin/dsp-train" --world-size 2 "${model[@]}" --overlap-grad-reduce --grad-reduce-dtype bf16 \
+  --metrics-file "$work/dp_bf16.jsonl" >/dev/null && [ "$(wc -l <"$work/dp_bf16.jsonl")" -eq 6 ] && ok \
+  || fail "DP2 run with --grad-reduce-dtype bf16"
+
 # --- bad input: clear message, non-zero exit, no partial output -----------------------------
+expect_fail "unknown gradient dtype" "--grad-reduce-dtype" "$work/m9" -- \
+  "$bin/dsp-train" "${model[@]}" --grad-reduce-dtype fp16 --metrics-file "$work/m9"
+expect_fail "zero bucket size" "--ddp-bucket-size must be >= 1 byte, got 0" "$work/m10" -- \
+  "$bin/dsp-train" --world-size 2 "${model[@]}" --ddp-bucket-size 0 --metrics-file "$work/m10"
 expect_fail "layout does not divide" "world size 3 is not divisible by tensor-model-parallel-size" "$work/m1" -- \
   "$bin/dsp-train" --world-size 3 --tensor-model-parallel-size 2 "${model[@]}" --metrics-file "$work/m1" --save "$work/s1"
 expect_fail "heads not divisible by TP" "number of attention heads (4) is not divisible by 8" "$work/m2" -- \
@@ -74,6 +103,8 @@ expect_fail "kv heads vs TP" "number of query groups (3) and tensor-model-parall
   --hidden-size 48 --num-query-groups 3 --metrics-file "$work/m4"
 expect_fail "ffn not divisible by TP" "ffn hidden size (66) is not divisible by 4" "$work/m5" -- \
   "$bin/dsp-train" --world-size 4 --tensor-model-parallel-size 4 "${model[@]}" --ffn-hidden-size 66 --metrics-file "$work/m5"
+expect_fail "unwritable trace file" "cannot write trace file '$work/nodir/t.json'" "$work/m8" -- \
+  "$bin/dsp-train" "${model[@]}" --profile-file "$work/nodir/t.json" --metrics-file "$work/m8"
 expect_fail "missing data file" "data file '$work/nope.txt' cannot be opened" "$work/m6" -- \
   "$bin/dsp-train" "${model[@]}" --data-path "$work/nope.txt" --metrics-file "$work/m6"
 expect_fail "prompt longer than the sequence" "exceeds --seq-length 64" "" -- \

@@ -4,10 +4,12 @@
 // model is the same for every layout (parameters drawn from (seed, name, global index)).
 // Tied embeddings: the output layer multiplies by the embedding table ([vocab, hidden],
 // split by vocabulary rows in both uses), so one parameter gets both gradients.
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "dsp/core/trace.hpp"
 #include "dsp/model/decoder_block.hpp"
 #include "dsp/parallel/device_mesh.hpp"
 #include "dsp/tp/vocab_parallel_cross_entropy.hpp"
@@ -60,6 +62,7 @@ class CausalLM {
   /// [batch * seq] in nats (0 where target < 0). Keeps activations in `act` for backward.
   std::vector<float> forward(const ForwardContext& ctx, std::vector<std::int32_t> ids, std::vector<std::int32_t> targets,
                              Activations& act) {
+    trace::Span span("forward", trace::Kind::Compute);
     act.ctx = ctx;
     act.ids = std::move(ids);
     act.targets = std::move(targets);
@@ -71,13 +74,33 @@ class CausalLM {
     return loss_.forward(act.logits, act.targets, act.loss);
   }
 
+  /// Called by backward for each parameter whose gradient is final for the step.
+  using GradReadyFn = std::function<void(Parameter&)>;
+
   /// Backward of one micro-batch given dL/dloss per token (e.g. 1 / global loss tokens);
   /// accumulates into every parameter's grad. Frees the activations.
-  void backward(Activations& act, const std::vector<float>& dloss) {
+  /// On the last micro-batch of a step pass `on_grad_ready`: backward then also sums, layer
+  /// by layer, the partial gradients of K/V heads replicated over TP ranks (kv heads < TP;
+  /// collective over the TP group) and calls on_grad_ready(p) for every parameter as soon as
+  /// its gradient for the step is final, in grad_ready_order() (what the data-parallel
+  /// buckets overlap their all-reduces with).
+  void backward(Activations& act, const std::vector<float>& dloss, const GradReadyFn* on_grad_ready = nullptr) {
+    trace::Span span("backward", trace::Kind::Compute);
+    const auto ready = [&](Parameter& p) {
+      if (on_grad_ready) (*on_grad_ready)(p);
+    };
     Tensor dx = lm_head_->backward(act.normed, loss_.backward(act.logits, act.targets, dloss, act.loss));
+    if (!config_.tie_word_embeddings) ready(lm_head_->weight());
     dx = final_norm_.backward(dx, act.final_norm);
-    for (std::size_t l = blocks_.size(); l-- > 0;) dx = blocks_[l]->backward(act.ctx, dx, act.blocks[l]);
+    ready(final_norm_.weight());
+    for (std::size_t l = blocks_.size(); l-- > 0;) {
+      dx = blocks_[l]->backward(act.ctx, dx, act.blocks[l]);
+      if (!on_grad_ready) continue;
+      if (kv_replicas_) kv_replicas_->all_reduce(blocks_[l]->replicated_kv_grad());
+      for (auto* p : blocks_[l]->parameters()) ready(*p);
+    }
     embed_.backward(act.ids, dx);
+    ready(embed_.weight());
     act = Activations{};
   }
 
@@ -99,12 +122,17 @@ class CausalLM {
     if (!config_.tie_word_embeddings) p.push_back(&lm_head_->weight());
     return p;
   }
-  /// Sums the partial gradients of K/V heads replicated over TP ranks (kv heads < TP).
-  /// Call once per optimizer step, after the last micro-batch's backward; collective over
-  /// the TP group.
-  void reduce_replicated_grads() {
-    if (!kv_replicas_) return;
-    for (auto& b : blocks_) kv_replicas_->all_reduce(b->replicated_kv_grad());
+  /// parameters() in the order backward finishes their gradients: the output layer (when
+  /// untied), the final norm, the blocks from the last to the first, the embedding (tied:
+  /// last, since the output layer also writes its gradient).
+  std::vector<Parameter*> grad_ready_order() {
+    std::vector<Parameter*> p;
+    if (!config_.tie_word_embeddings) p.push_back(&lm_head_->weight());
+    p.push_back(&final_norm_.weight());
+    for (std::size_t l = blocks_.size(); l-- > 0;)
+      for (auto* q : blocks_[l]->parameters()) p.push_back(q);
+    p.push_back(&embed_.weight());
+    return p;
   }
 
   void zero_grad() {

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "dsp/backend/host/elementwise.hpp"
+#include "dsp/core/trace.hpp"
 #include "dsp/model/attention.hpp"
 #include "dsp/model/mlp.hpp"
 #include "dsp/model/rms_norm.hpp"
@@ -28,10 +29,13 @@ class DecoderBlock {
         attn_(tp, c, prefix(layer) + ".self_attn", layer, seed),
         norm2_(prefix(layer) + ".post_attention_layernorm.weight", c.hidden_size, c.norm_epsilon, tp.size(),
                tp.rank()),
-        mlp_(tp, c, prefix(layer) + ".mlp", seed) {}
+        mlp_(tp, c, prefix(layer) + ".mlp", seed),
+        forward_span_("layers." + std::to_string(layer) + ".forward"),
+        backward_span_("layers." + std::to_string(layer) + ".backward") {}
 
   /// x [tokens, hidden] -> [tokens, hidden]; saved may be null (inference).
   Tensor forward(const ForwardContext& ctx, const Tensor& x, Saved* saved) {
+    trace::Span span(forward_span_, trace::Kind::Compute);
     Tensor h = attn_.forward(ctx, norm1_.forward(x, saved ? &saved->norm1 : nullptr), saved ? &saved->attn : nullptr);
     add(Backend{}, x.numel(), x.data(), h.data());
     Tensor out = mlp_.forward(norm2_.forward(h, saved ? &saved->norm2 : nullptr), saved ? &saved->mlp : nullptr);
@@ -40,6 +44,7 @@ class DecoderBlock {
   }
   /// dout [tokens, hidden] -> dx; accumulates every parameter's gradient.
   Tensor backward(const ForwardContext& ctx, const Tensor& dout, const Saved& s) {
+    trace::Span span(backward_span_, trace::Kind::Compute);
     Tensor dh = norm2_.backward(mlp_.backward(dout, s.mlp), s.norm2);
     add(Backend{}, dout.numel(), dout.data(), dh.data());
     Tensor dx = norm1_.backward(attn_.backward(ctx, dh, s.attn), s.norm1);
@@ -64,6 +69,7 @@ class DecoderBlock {
   Attention<Policy> attn_;
   RMSNorm<Policy> norm2_;
   MLP<Policy> mlp_;
+  std::string forward_span_, backward_span_;  // trace names: "layers.{layer}.forward", ...
 };
 
 }  // namespace dsp::model

@@ -1,7 +1,8 @@
 #pragma once
 // Trainer: the data-parallel x tensor-parallel training step.
 //   for each micro-batch of this DP rank: forward, loss, backward (gradients accumulate)
-//   sum replicated K/V gradients over TP; all-reduce gradients over DP (once per step)
+//   on the last micro-batch: sum replicated K/V gradients over TP and all-reduce gradient
+//   buckets over DP (overlapped with backward when --overlap-grad-reduce; dp/grad_buckets.hpp)
 //   clip the global gradient norm; AdamW with the warmup + cosine learning rate.
 // The loss is normalised by the global number of loss tokens (every micro-batch on every
 // DP rank), so any (TP, DP, micro-batch) split of the same global batch gives the same
@@ -12,8 +13,9 @@
 #include <numeric>
 #include <vector>
 
+#include "dsp/core/trace.hpp"
 #include "dsp/dp/data_sampler.hpp"
-#include "dsp/dp/grad_sync.hpp"
+#include "dsp/dp/grad_buckets.hpp"
 #include "dsp/model/causal_lm.hpp"
 #include "dsp/train/token_dataset.hpp"
 #include "dsp/zero/adamw.hpp"
@@ -35,6 +37,7 @@ struct TrainConfig {
   zero::AdamWConfig adam;              ///< --adam-beta1/2, --adam-eps, --weight-decay
   std::uint64_t seed = 1234;           ///< --seed (parameters and data order)
   std::int64_t eval_iters = 4;         ///< --eval-iters (global batches of validation data)
+  dp::DdpConfig ddp;                   ///< --ddp-bucket-size, --overlap-grad-reduce, --grad-reduce-dtype
 };
 
 /// What one optimizer step did.
@@ -62,6 +65,7 @@ class Trainer {
         model_(config, mesh, tc.seed),
         optimizer_(model_.parameters(), tc.adam),
         clipper_(model_.parameters(), mesh.tp_size(), mesh.tp_rank()),
+        buckets_(mesh.data_group(), model_.grad_ready_order(), tc.ddp),
         sampler_(data.train_windows(), tc.micro_batch_size, tc.global_batch_size, mesh.dp_size(), mesh.dp_rank(),
                  tc.seed),
         schedule_{tc.lr, tc.min_lr, tc.lr_warmup_iters, tc.lr_decay_iters > 0 ? tc.lr_decay_iters : tc.train_iters} {
@@ -75,6 +79,7 @@ class Trainer {
   /// One optimizer step over the next global batch. Collective over the mesh.
   StepResult train_step() {
     const auto t0 = std::chrono::steady_clock::now();
+    trace::Span step_span("train_step", trace::Kind::Compute);
     model_.zero_grad();
     const std::int64_t seq = data_->seq_length();
     struct MicroBatch {
@@ -92,19 +97,30 @@ class Trainer {
     mesh_->data_group().all_reduce(std::span(counts));
     const double loss_tokens = std::max(counts[0], 1.0);
     std::vector<double> loss_sum{0.0};
+    const typename model::CausalLM<Policy>::GradReadyFn ready = [&](model::Parameter& p) { buckets_.mark_ready(p); };
     for (auto& mb : micro_batches) {
+      const bool last = &mb == &micro_batches.back();
       const auto ctx = model::ForwardContext::for_training(mb.sequences, seq);
       typename model::CausalLM<Policy>::Activations act;
       const auto loss = model_.forward(ctx, std::move(mb.inputs), std::move(mb.targets), act);
       loss_sum[0] += std::accumulate(loss.begin(), loss.end(), 0.0);
-      model_.backward(act, std::vector<float>(loss.size(), static_cast<float>(1.0 / loss_tokens)));
+      if (last) buckets_.begin_last_micro_batch();
+      model_.backward(act, std::vector<float>(loss.size(), static_cast<float>(1.0 / loss_tokens)), last ? &ready : nullptr);
     }
-    model_.reduce_replicated_grads();
-    dp::all_reduce_gradients(mesh_->data_group(), model_.parameters());
+    {
+      trace::Span span("grad_buckets.finish", trace::Kind::Comm);
+      buckets_.finish();
+    }
     StepResult r;
-    r.grad_norm = clipper_.clip(mesh_->model_group(), tc_.clip_grad);
+    {
+      trace::Span span("clip_grad", trace::Kind::Compute);
+      r.grad_norm = clipper_.clip(mesh_->model_group(), tc_.clip_grad);
+    }
     r.lr = schedule_(optimizer_.steps());
-    optimizer_.step(r.lr);
+    {
+      trace::Span span("optimizer.step", trace::Kind::Compute);
+      optimizer_.step(r.lr);
+    }
     mesh_->data_group().all_reduce(std::span(loss_sum));
     r.iteration = optimizer_.steps();
     r.loss = loss_sum[0] / loss_tokens;
@@ -139,6 +155,7 @@ class Trainer {
   model::CausalLM<Policy>& model() { return model_; }
   zero::AdamW<Backend>& optimizer() { return optimizer_; }
   dp::DataSampler& sampler() { return sampler_; }
+  const dp::GradBuckets<Comm>& grad_buckets() const { return buckets_; }
   DeviceMesh<Comm>& mesh() { return *mesh_; }
   const TrainConfig& config() const { return tc_; }
   std::int64_t iteration() const { return optimizer_.steps(); }
@@ -155,6 +172,7 @@ class Trainer {
   model::CausalLM<Policy> model_;
   zero::AdamW<Backend> optimizer_;
   zero::GradClipper<Backend> clipper_;
+  dp::GradBuckets<Comm> buckets_;
   dp::DataSampler sampler_;
   zero::WarmupCosine schedule_;
 };

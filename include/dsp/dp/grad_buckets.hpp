@@ -1,0 +1,177 @@
+#pragma once
+// Data-parallel gradient reduction in buckets, overlapped with backward (the scheme of
+// PyTorch DDP, Li et al., VLDB 2020, section 3.2.3, and Megatron-LM's distributed optimizer
+// grad buffer): parameters are grouped, in the order backward finishes their gradients,
+// into buckets of at most `bucket_size_bytes` of communication payload; on the last
+// micro-batch of a step, a bucket's all-reduce (sum over the data-parallel group) starts as
+// soon as the last of its gradients is final and runs on the communicator's asynchronous
+// path while backward continues; finish() waits for all of them just before the optimizer.
+// Earlier micro-batches of a step (gradient accumulation) only accumulate: nothing is
+// reduced until the last one (Megatron's no_sync).
+//
+// Overlap on or off runs the same buckets in the same order through the same collective, so
+// the reduced gradients are bitwise identical; only when each all-reduce starts differs.
+// With a 16-bit communication dtype every bucket is rounded to bf16 once, all-reduced with
+// fp32 accumulation inside the communicator, and widened back to fp32.
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "dsp/comm/communicator.hpp"
+#include "dsp/core/dtype.hpp"
+#include "dsp/core/error.hpp"
+#include "dsp/model/parameter.hpp"
+
+namespace dsp::dp {
+
+/// Element type of the data-parallel gradient all-reduce (`--grad-reduce-dtype`).
+enum class GradReduceDType { Fp32, Bf16 };
+
+/// Parses "fp32" / "bf16"; throws ConfigError naming the value otherwise.
+inline GradReduceDType grad_reduce_dtype_from_name(const std::string& name) {
+  if (name == "fp32") return GradReduceDType::Fp32;
+  if (name == "bf16") return GradReduceDType::Bf16;
+  throw ConfigError("--grad-reduce-dtype must be fp32 or bf16, got '" + name + "'");
+}
+
+/// Settings of the bucketed data-parallel reduction (Megatron flag names).
+struct DdpConfig {
+  /// --ddp-bucket-size: largest communication payload of one bucket, bytes (a parameter
+  /// larger than this gets a bucket of its own; parameters are never split). Default 4 MiB:
+  /// bench_overlap (benchmarks/RESULTS.md) shows the per-bucket cost of a shared-memory
+  /// all-reduce is a few microseconds, so buckets this size cost nothing and leave several
+  /// buckets to overlap even in the small sample models.
+  std::int64_t bucket_size_bytes = 4 << 20;
+  /// --overlap-grad-reduce: start each bucket's all-reduce during backward (true) or all of
+  /// them after backward (false). The results are bitwise the same.
+  bool overlap_grad_reduce = false;
+  /// --grad-reduce-dtype: dtype the gradients travel in.
+  GradReduceDType grad_reduce_dtype = GradReduceDType::Fp32;
+};
+
+/// Buckets of gradients over one data-parallel group. Not copyable (holds pointers into the
+/// parameters); one per model replica rank.
+template <comm::Communicator Comm>
+class GradBuckets {
+ public:
+  /// params: this rank's parameters in the order backward finishes their gradients (e.g.
+  /// CausalLM::grad_ready_order()); every DP rank must pass the same sequence of shapes.
+  /// Throws ConfigError when bucket_size_bytes < 1.
+  GradBuckets(Comm& dp, const std::vector<model::Parameter*>& params, DdpConfig config)
+      : dp_(&dp), config_(config) {
+    DSP_CHECK_AS(ConfigError, config.bucket_size_bytes >= 1, "--ddp-bucket-size must be >= 1 byte, got ",
+                 config.bucket_size_bytes);
+    const std::int64_t elem = config.grad_reduce_dtype == GradReduceDType::Bf16 ? 2 : 4;
+    for (auto* p : params) {
+      const std::int64_t bytes = p->grad.numel() * elem;
+      if (buckets_.empty() || (buckets_.back().elements > 0 &&
+                               (buckets_.back().elements * elem + bytes > config.bucket_size_bytes)))
+        buckets_.emplace_back();
+      Bucket& b = buckets_.back();
+      where_[p] = static_cast<int>(buckets_.size() - 1);
+      b.params.push_back(p);
+      b.elements += p->grad.numel();
+    }
+    for (auto& b : buckets_) {
+      if (config.grad_reduce_dtype == GradReduceDType::Bf16)
+        b.half.resize(static_cast<std::size_t>(b.elements));
+      else
+        b.full.resize(static_cast<std::size_t>(b.elements));
+    }
+  }
+  GradBuckets(const GradBuckets&) = delete;
+  GradBuckets& operator=(const GradBuckets&) = delete;
+
+  /// Starts a step's last micro-batch: from now on mark_ready() counts gradients as final.
+  void begin_last_micro_batch() {
+    for (auto& b : buckets_) b.ready = 0;
+    next_launch_ = 0;
+  }
+
+  /// Reports that p's gradient is final for this step (call once per parameter during the
+  /// last micro-batch's backward). With overlap on, every bucket whose gradients are all
+  /// final starts its all-reduce, in bucket order. Throws Error for an unknown parameter or
+  /// one reported twice.
+  void mark_ready(model::Parameter& p) {
+    const auto it = where_.find(&p);
+    DSP_CHECK(it != where_.end(), "grad buckets: parameter ", p.spec.name, " is not in any bucket");
+    Bucket& b = buckets_[static_cast<std::size_t>(it->second)];
+    DSP_CHECK(b.ready < static_cast<int>(b.params.size()), "grad buckets: ", p.spec.name, " reported twice");
+    ++b.ready;
+    if (config_.overlap_grad_reduce) launch_ready();
+  }
+
+  /// Starts every bucket not started yet (all of them when overlap is off), waits for all,
+  /// and writes the sums back into the gradients. Call once per step before clipping and
+  /// the optimizer. Collective over the data-parallel group.
+  void finish() {
+    while (next_launch_ < buckets_.size()) launch(buckets_[next_launch_++]);
+    for (auto& b : buckets_) {
+      if (dp_->size() == 1) continue;
+      b.work.wait();
+      b.work = comm::Work{};
+      std::int64_t off = 0;
+      for (auto* p : b.params) {
+        float* g = p->grad.data();
+        const std::int64_t n = p->grad.numel();
+        if (!b.half.empty())
+          for (std::int64_t i = 0; i < n; ++i) g[i] = static_cast<float>(b.half[static_cast<std::size_t>(off + i)]);
+        else
+          std::copy(b.full.begin() + off, b.full.begin() + off + n, g);
+        off += n;
+      }
+    }
+  }
+
+  /// Number of buckets.
+  std::size_t size() const { return buckets_.size(); }
+  /// Parameters of bucket i, in the order they become ready.
+  const std::vector<model::Parameter*>& bucket(std::size_t i) const { return buckets_.at(i).params; }
+  /// All-reduces bucket i has started since construction (one per step when DP > 1).
+  std::int64_t reductions(std::size_t i) const { return buckets_.at(i).reductions; }
+  const DdpConfig& config() const { return config_; }
+
+ private:
+  struct Bucket {
+    std::vector<model::Parameter*> params;
+    std::int64_t elements = 0;
+    std::vector<float> full;  // fp32 payload
+    std::vector<bf16> half;   // bf16 payload
+    int ready = 0;
+    std::int64_t reductions = 0;
+    comm::Work work;
+  };
+
+  void launch_ready() {
+    while (next_launch_ < buckets_.size() &&
+           buckets_[next_launch_].ready == static_cast<int>(buckets_[next_launch_].params.size()))
+      launch(buckets_[next_launch_++]);
+  }
+
+  // Packs the bucket's gradients into its payload and starts the all-reduce.
+  void launch(Bucket& b) {
+    if (dp_->size() == 1) return;
+    std::int64_t off = 0;
+    for (auto* p : b.params) {
+      const float* g = p->grad.data();
+      const std::int64_t n = p->grad.numel();
+      if (!b.half.empty())
+        for (std::int64_t i = 0; i < n; ++i) b.half[static_cast<std::size_t>(off + i)] = bf16(g[i]);
+      else
+        std::copy(g, g + n, b.full.begin() + off);
+      off += n;
+    }
+    b.work = b.half.empty() ? dp_->all_reduce_async(std::span<float>(b.full))
+                            : dp_->all_reduce_async(std::span<bf16>(b.half));
+    ++b.reductions;
+  }
+
+  Comm* dp_;
+  DdpConfig config_;
+  std::vector<Bucket> buckets_;
+  std::unordered_map<const model::Parameter*, int> where_;
+  std::size_t next_launch_ = 0;
+};
+
+}  // namespace dsp::dp
