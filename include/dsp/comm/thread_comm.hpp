@@ -391,7 +391,9 @@ class ThreadComm {
   bool valid() const { return ep_.group != nullptr; }
 
   /// In-place element-wise reduction of `data` over all ranks; every rank gets the result.
-  /// bf16 is accumulated in fp32 and rounded once. Throws CommError on a size mismatch.
+  /// bf16 and fp16 are accumulated in fp32 and rounded once; ranks are combined in rank order,
+  /// so every rank gets bit-identical results. Throws CommError when the ranks' sizes or
+  /// operators differ.
   template <class T>
   void all_reduce(std::span<T> data, ReduceOp op = ReduceOp::Sum) {
     run("all_reduce", data.size_bytes(), [=, ep = ep_]() mutable { ep.all_reduce_impl(data, op); });
@@ -402,6 +404,8 @@ class ThreadComm {
   }
 
   /// out[i] = reduce over ranks q of in_q[rank*out.size() + i]; in.size() == size()*out.size().
+  /// `out` is either disjoint from `in` or exactly this rank's block of it (in-place, as
+  /// NCCL); any other overlap, or a size mismatch, throws CommError.
   template <class T>
   void reduce_scatter(std::span<const T> in, std::span<T> out, ReduceOp op = ReduceOp::Sum) {
     run("reduce_scatter", in.size_bytes(), [=, ep = ep_]() mutable { ep.reduce_scatter_impl(in, out, op); });
@@ -411,8 +415,9 @@ class ThreadComm {
     return submit("reduce_scatter", in.size_bytes(), [=, ep = ep_]() mutable { ep.reduce_scatter_impl(in, out, op); });
   }
 
-  /// out[q*in.size() + i] = in_q[i]; out.size() == size()*in.size(). `in` may alias its own
-  /// block of `out`.
+  /// out[q*in.size() + i] = in_q[i]; out.size() == size()*in.size(). `in` is either disjoint
+  /// from `out` or exactly this rank's block of it (in-place); any other overlap, or a size
+  /// mismatch, throws CommError.
   template <class T>
   void all_gather(std::span<const T> in, std::span<T> out) {
     run("all_gather", out.size_bytes(), [=, ep = ep_]() mutable { ep.all_gather_impl(in, out); });
@@ -438,6 +443,7 @@ class ThreadComm {
   template <class T>
   void send(std::span<const T> data, int dst, int tag = 0) {
     require_valid();
+    trace::Span span("send", trace::Kind::Comm, {{"bytes", static_cast<std::int64_t>(data.size_bytes())}});
     ep_.send_impl(data, dst, tag);
   }
   /// As send; the returned Work is already complete (it carries send's error, if any).
