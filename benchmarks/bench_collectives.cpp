@@ -1,46 +1,68 @@
 // Collectives (all_reduce, reduce_scatter, all_gather) at 2 and 4 ranks over message sizes
 // 4 KiB .. 256 MiB, fp32 (and bf16 for all_reduce), in place and out of place, reported with
 // nccl-tests' definitions, plus the machine's copy-bandwidth ceiling (copy_bandwidth) to read
-// them against. Communicators: ThreadComm (threads of this process). The per-rank body is a
-// template on the communicator and a Harness says how to start n ranks of one, so another
-// communicator (MpiComm under mpiexec) registers the same cases and its figures land in the
-// same tables as an extra group of columns.
+// them against. Communicators: ThreadComm (threads of this process) always; MpiComm too when
+// the program was built with MPI (DSP_BENCH_HAVE_MPI, CMake: DSP_ENABLE_MPI) and runs under
+// mpiexec. The per-rank body is a template on the communicator and a Harness says how to start
+// n ranks of one, so both communicators run the same cases and land in the same tables.
 //
 // Usage: bench_collectives [Google Benchmark flags] [--tables=FILE]
+//        mpiexec --allow-run-as-root --oversubscribe --bind-to none -n 4 bench_collectives [same]
 //   --tables=FILE  also writes the results as Markdown tables (one per collective, rank count
-//                  and type; rows = sizes, column groups = communicator x in/out of place),
-//                  the collectives section of benchmarks/RESULTS.md.
+//                  and type; rows = sizes, column groups = communicator x in/out of place, and
+//                  ThreadComm's speed-up over MpiComm), the collectives section of
+//                  benchmarks/RESULTS.md.
+// Under mpiexec (OMPI_COMM_WORLD_SIZE set) with a world of W processes: MpiComm cases run at
+// n = 2 and 4 ranks (n <= W) on processes 0..n-1 (a communicator split off the world), and the
+// ThreadComm cases on n threads of process 0. Only process 0 runs Google Benchmark, prints and
+// writes the tables; before every case it broadcasts the case (MPI_Ibcast on the world) and the
+// other processes, parked in that broadcast, run their part of it. Processes without a part (all
+// of them during ThreadComm cases, processes n..W-1 during MpiComm cases) wait by MPI_Test
+// every 1 ms with a sleep in between, so they leave the cores to the ranks being measured.
+// Pass --bind-to none: OpenMPI otherwise may pin process 0, and with it all ThreadComm rank
+// threads, to one core.
 //
-// How one collective benchmark runs: one Harness::run (comm::launch) per benchmark run; inside
-// the rank threads every iteration is
-//     barrier                                   (publishes the previous iteration's timestamps)
-//     rank 0: records the previous iteration, asks Google Benchmark whether to go on
-//     barrier                                   (publishes the answer)
-//     restore the input where the operation overwrote it     (untimed)
-//     barrier                                   (all ranks start together)
-//     t_start[rank] = now -> collective -> t_end[rank] = now
-// and the iteration's time is max over ranks of t_end - min over ranks of t_start: from the
-// common start until the last rank has its result (some ThreadComm paths return without a
-// closing barrier, so one rank's return does not mean all are done). It is passed to
-// state.SetIterationTime (UseManualTime), so Google Benchmark's "Time" column is that too.
+// Timing, as nccl-tests (https://github.com/NVIDIA/nccl-tests, doc/PERFORMANCE.md: it times a
+// loop of back-to-back operations and divides by their number). Every benchmark iteration is
+// one *batch* of K back-to-back collectives of the size on every rank:
+//     control (untimed): the ranks send rank 0 their last batch's start and end; rank 0 records
+//         it and decides whether to go on (Google Benchmark) and K; it tells the others
+//         (ThreadComm: shared memory + 2 barriers; MpiComm: MPI_Reduce + MPI_Bcast)
+//     barrier                                       (the common start)
+//     start[rank] = now; K x collective; end[rank] = now
+// batch time = max over ranks of end - min over ranks of start (until the last rank has its
+// last result; some ThreadComm paths return without a closing barrier), and time per
+// collective = sum of batch times / (batches x K). (nccl-tests by default averages the per-rank
+// times instead; ours is >= that.) K: per case, on the first run, one warm-up batch of 1
+// collective and then doubling K until a batch takes >= 1 ms (the faster of two batches at each
+// K below that, so that one preemption does not end the search; at most K = 1024); later runs of
+// the same case (Google Benchmark's iteration estimation) reuse that K after one untimed
+// warm-up batch. So small sizes are timed over ~1-2 ms batches of up to 1024 back-to-back
+// operations, sizes whose single operation takes >= 1 ms one operation at a time.
+// The inputs are not restored between the timed operations (in-place operations keep reducing
+// their own results; fp32 values may overflow to inf, which costs the same); after the last
+// batch the input is restored, the collective runs once more and that result is checked.
+// Google Benchmark's own "Time" column is per batch (the manual time given to it); the
+// counters below are per collective.
 //
-// Counters, as nccl-tests defines them (https://github.com/NVIDIA/nccl-tests, doc/PERFORMANCE.md):
+// Counters, as nccl-tests defines them:
 //   size    bytes of the operation: all_reduce: the buffer (per rank); all_gather: the whole
 //           output (n x per-rank input); reduce_scatter: the whole input (n x per-rank output)
 //   count   elements per rank as nccl-tests prints it: all_reduce: size/sizeof(T); all_gather:
 //           the per-rank input count; reduce_scatter: the per-rank output count
-//   time_us mean time of one collective (as above), microseconds
+//   time_us mean time of one collective (above), microseconds
 //   algbw   size / time, GB/s with 1 GB = 1e9 B
 //   busbw   algbw x factor: all_reduce 2(n-1)/n; all_gather and reduce_scatter (n-1)/n. The
 //           factor makes busbw comparable to the hardware's bandwidth whatever n is (the bytes
 //           each rank must send or receive in an optimal ring algorithm, over time).
-//   wrong   elements (summed over all ranks) that differ from the closed form after the last
-//           iteration. Inputs are rank-valued and exact, so the check is exact equality:
-//           fp32 v(r, i) = (r + 1) + 16 (i mod 1024) (sums < 2^24); bf16 v(r, i) = (r + 1) 2^(i mod 16)
-//           (sums n(n+1)/2 2^(i mod 16) have at most 4 significant bits for n <= 4).
-// In place: all_reduce always (ThreadComm's all_reduce is in place; the input is restored
-// before every iteration, untimed); reduce_scatter with out = in + rank x count (the own block
-// is restored, untimed); all_gather with in = out + rank x count.
+//   wrong   elements (summed over all ranks) that differ from the closed form in the checked
+//           run after the timed batches. Inputs are rank-valued and exact, so the check is exact
+//           equality: fp32 v(r, i) = (r + 1) + 16 (i mod 1024) (sums < 2^24); bf16
+//           v(r, i) = (r + 1) 2^(i mod 16) (sums n(n+1)/2 2^(i mod 16) have at most 4
+//           significant bits for n <= 4).
+//   batches, K   timed batches and collectives per batch (tables: "ops" = batches x K)
+// In place: all_reduce always (both communicators' all_reduce is in place); reduce_scatter
+// with out = in + rank x count; all_gather with in = out + rank x count.
 //
 // copy_bandwidth/threads:T: std::memcpy of a 256 MiB buffer into another, split into T
 // contiguous slices copied by T threads at once. Reported `GBps` = bytes read + bytes written
@@ -55,6 +77,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -62,31 +85,35 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
 #include "dsp/comm/launch.hpp"
 #include "dsp/core/dtype.hpp"
+#ifdef DSP_BENCH_HAVE_MPI
+#include "dsp/comm/mpi_launch.hpp"
+#endif
 
 namespace {
 
 using clock_type = std::chrono::steady_clock;
+// Seconds on the steady clock (CLOCK_MONOTONIC: one clock for all processes of the machine).
+double now_s() { return std::chrono::duration<double>(clock_type::now().time_since_epoch()).count(); }
 
-enum class Op { AllReduce, ReduceScatter, AllGather };
+enum class Op : std::int32_t { AllReduce, ReduceScatter, AllGather };
 const char* op_name(Op op) {
   return op == Op::AllReduce ? "all_reduce" : op == Op::ReduceScatter ? "reduce_scatter" : "all_gather";
 }
+enum class Type : std::int32_t { Float, Bf16 };
 
-// How to run n ranks of a communicator and give each the per-rank body.
-template <class Comm>
-struct Harness;
-template <>
-struct Harness<dsp::comm::ThreadComm> {
-  static constexpr const char* name = "ThreadComm";
-  template <class Body>
-  static void run(int n, Body&& body) {
-    dsp::comm::launch(n, [&](dsp::comm::ThreadComm& comm) { body(comm); });
-  }
+// One benchmark case; trivially copyable (MpiComm's process 0 broadcasts it).
+struct Case {
+  Op op = Op::AllReduce;
+  Type type = Type::Float;
+  std::int32_t in_place = 0;
+  std::int32_t ranks = 0;  // 0: no case (the followers' signal to finish)
+  std::int64_t bytes = 0;
 };
 
 template <class T>
@@ -108,10 +135,54 @@ float sum_value(int n, std::int64_t i) {
 // nccl-tests' bus-bandwidth factors.
 double bus_factor(Op op, int n) { return op == Op::AllReduce ? 2.0 * (n - 1) / n : double(n - 1) / n; }
 
+// Rank 0's side of the control step: records batches for Google Benchmark and chooses K (see
+// the header comment). next() is given the last batch's time and returns the next batch's K,
+// 0 to stop.
+struct Driver {
+  static constexpr double kMinBatchSeconds = 1e-3;
+  static constexpr std::int64_t kMaxK = 1024;
+
+  Driver(benchmark::State& s, std::int64_t& k_of_case) : state(s), cached_k(k_of_case) {}
+  benchmark::State& state;
+  std::int64_t& cached_k;  // 0 until calibrated; kept across the runs of one case
+  enum class Phase { First, Calibrate, Warm, Measure } phase = Phase::First;
+  std::int64_t k = 1, batches = 0;
+  double seconds = 0;
+  double first_try = 0;  // Calibrate: time of the first of the two batches at this K, or 0
+
+  std::int64_t next(double batch_seconds) {
+    switch (phase) {
+      case Phase::First:  // no batch yet: a warm-up batch
+        phase = cached_k > 0 ? Phase::Warm : Phase::Calibrate;
+        k = cached_k > 0 ? cached_k : 1;
+        return k;
+      case Phase::Calibrate:  // two batches per K, the faster counts (one preemption must not end it)
+        if (first_try == 0 && batch_seconds < kMinBatchSeconds) {
+          first_try = batch_seconds;
+          return k;
+        }
+        if (std::min(first_try > 0 ? first_try : batch_seconds, batch_seconds) < kMinBatchSeconds && k < kMaxK) {
+          first_try = 0;
+          return k *= 2;
+        }
+        cached_k = k;
+        break;
+      case Phase::Warm: break;
+      case Phase::Measure:
+        state.SetIterationTime(batch_seconds);
+        seconds += batch_seconds;
+        ++batches;
+        break;
+    }
+    phase = Phase::Measure;
+    return state.KeepRunning() ? k : 0;
+  }
+};
+
 // One measured case; collected for --tables (the last run of a benchmark is the reported one).
 struct Row {
   double time_us = 0, algbw = 0, busbw = 0;
-  std::int64_t wrong = 0, iterations = 0, count = 0;
+  std::int64_t wrong = 0, batches = 0, k = 0, count = 0;
 };
 struct TableKey {  // one table per (op, ranks, type); rows by size
   Op op;
@@ -129,42 +200,133 @@ std::map<TableKey, std::map<std::int64_t, std::map<ColumnKey, Row>>>& results() 
   return r;
 }
 
-// Shared between the rank threads of one benchmark run.
-struct Shared {
-  explicit Shared(int n) : start(std::size_t(n)), end(std::size_t(n)) {}
-  std::atomic<bool> go{false};
-  std::atomic<std::int64_t> wrong{0};
-  std::vector<clock_type::time_point> start, end;  // per rank, of the current iteration
-  double seconds = 0;                              // rank 0: sum of the recorded iterations
-  std::int64_t iterations = 0;
+// How to run n ranks of a communicator. Harness<Comm>::run(case, body) calls body(link) on
+// every rank of the case, where `link` offers the untimed control steps of the per-rank body:
+//   comm()                  the rank's communicator
+//   exchange(start, end, d) rank 0 gets min start / max end over ranks, calls d->next(batch
+//                           time) and every rank returns its answer (d: non-null on rank 0 only)
+//   sum_to_root(v)          the sum of v over ranks, on rank 0
+template <class Comm>
+struct Harness;
+
+// ThreadComm: n threads of this process (comm::launch); control through shared memory.
+template <>
+struct Harness<dsp::comm::ThreadComm> {
+  static constexpr const char* name = "ThreadComm";
+  struct Shared {
+    explicit Shared(int n) : start(std::size_t(n)), end(std::size_t(n)) {}
+    std::vector<double> start, end;
+    std::int64_t next = 0;
+    std::atomic<std::int64_t> sum{0};
+  };
+  struct Link {
+    dsp::comm::ThreadComm& c;
+    Shared& sh;
+    dsp::comm::ThreadComm& comm() { return c; }
+    std::int64_t exchange(double start, double end, Driver* d) {
+      sh.start[std::size_t(c.rank())] = start;
+      sh.end[std::size_t(c.rank())] = end;
+      c.barrier();
+      if (d)
+        sh.next = d->next(*std::max_element(sh.end.begin(), sh.end.end()) -
+                          *std::min_element(sh.start.begin(), sh.start.end()));
+      c.barrier();
+      return sh.next;
+    }
+    std::int64_t sum_to_root(std::int64_t v) {
+      sh.sum += v;
+      c.barrier();
+      return sh.sum.load();
+    }
+  };
+  template <class Body>
+  static void run(const Case& cs, Body&& body) {
+    Shared sh(cs.ranks);
+    dsp::comm::launch(cs.ranks, [&](dsp::comm::ThreadComm& comm) {
+      Link link{comm, sh};
+      body(link);
+    });
+  }
 };
 
-// The per-rank body: buffers, the timed loop, the closed-form check.
-template <class T, class Comm>
-void rank_body(Comm& comm, benchmark::State& state, Shared& sh, Op op, bool in_place, std::int64_t count) {
+#ifdef DSP_BENCH_HAVE_MPI
+// MpiComm: processes 0..n-1 of the MPI world; control through MPI_Reduce / MPI_Bcast.
+struct MpiWorld {
+  dsp::comm::MpiComm* world = nullptr;
+  std::map<int, dsp::comm::MpiComm> first;  // n -> communicator of world ranks 0..n-1
+};
+MpiWorld& mpi() {
+  static MpiWorld w;
+  return w;
+}
+// Every process: the next case from process 0 (MPI_Ibcast on the world). Processes other than 0
+// wait in MPI_Test with 1 ms sleeps (see the header comment).
+Case next_case(Case cs = {}) {
+  MPI_Request request = MPI_REQUEST_NULL;
+  DSP_MPI_CHECK(MPI_Ibcast(&cs, sizeof cs, MPI_BYTE, 0, mpi().world->native(), &request));
+  for (int done = 0;;) {
+    DSP_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+    if (done) return cs;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+template <>
+struct Harness<dsp::comm::MpiComm> {
+  static constexpr const char* name = "MpiComm";
+  struct Link {
+    dsp::comm::MpiComm& c;
+    dsp::comm::MpiComm& comm() { return c; }
+    std::int64_t exchange(double start, double end, Driver* d) {
+      const double mine[2] = {-start, end};
+      double all[2] = {0, 0};
+      DSP_MPI_CHECK(MPI_Reduce(mine, all, 2, MPI_DOUBLE, MPI_MAX, 0, c.native()));
+      std::int64_t next = d ? d->next(all[1] + all[0]) : 0;
+      DSP_MPI_CHECK(MPI_Bcast(&next, 1, MPI_INT64_T, 0, c.native()));
+      return next;
+    }
+    std::int64_t sum_to_root(std::int64_t v) {
+      std::int64_t sum = 0;
+      DSP_MPI_CHECK(MPI_Reduce(&v, &sum, 1, MPI_INT64_T, MPI_SUM, 0, c.native()));
+      return sum;
+    }
+  };
+  // On process 0 (Google Benchmark): announces the case, then runs rank 0's part.
+  template <class Body>
+  static void run(const Case& cs, Body&& body) {
+    next_case(cs);
+    Link link{mpi().first.at(cs.ranks)};
+    body(link);
+  }
+};
+#endif
+
+// The per-rank body: buffers, the timed batches, the checked run. d: the Driver, on rank 0 only.
+// Returns the wrong count summed over ranks (on rank 0).
+template <class T, class Link>
+std::int64_t rank_body(Link& link, Driver* d, const Case& cs) {
+  auto& comm = link.comm();
   const int r = comm.rank(), n = comm.size();
+  const std::int64_t count =
+      cs.op == Op::AllReduce ? cs.bytes / std::int64_t(sizeof(T)) : cs.bytes / std::int64_t(sizeof(T) * n);
   const auto cnt = std::size_t(count);
-  auto fill = [&](std::span<T> s, std::int64_t first) {
-    for (std::size_t i = 0; i < s.size(); ++i) s[i] = dsp::from_accum<T>(value<T>(r, first + std::int64_t(i)));
+  auto fill = [&](std::span<T> s) {
+    for (std::size_t i = 0; i < s.size(); ++i) s[i] = dsp::from_accum<T>(value<T>(r, std::int64_t(i)));
   };
   // all_reduce: buf (count) is the operand; reduce_scatter: in (n x count) -> out (count);
   // all_gather: in (count) -> out (n x count). In place, the operand is a view into buf.
-  std::vector<T> buf, pristine, other;
+  std::vector<T> buf, other;
   std::span<T> in, out;
-  switch (op) {
+  switch (cs.op) {
     case Op::AllReduce:
       buf.resize(cnt);
-      pristine.resize(cnt);
-      fill(pristine, 0);
       out = in = buf;
       break;
     case Op::ReduceScatter:
       buf.resize(cnt * std::size_t(n));
-      fill(buf, 0);
       in = buf;
-      if (in_place) {
+      if (cs.in_place) {
         out = in.subspan(std::size_t(r) * cnt, cnt);
-        pristine.assign(out.begin(), out.end());
       } else {
         other.resize(cnt);
         out = other;
@@ -173,43 +335,38 @@ void rank_body(Comm& comm, benchmark::State& state, Shared& sh, Op op, bool in_p
     case Op::AllGather:
       buf.resize(cnt * std::size_t(n));
       out = buf;
-      if (in_place) {
+      if (cs.in_place) {
         in = out.subspan(std::size_t(r) * cnt, cnt);
       } else {
         other.resize(cnt);
         in = other;
       }
-      fill(in, 0);
       break;
   }
-  for (std::int64_t it = 0;; ++it) {
-    comm.barrier();
-    if (r == 0) {
-      if (it > 0) {
-        const auto t0 = *std::min_element(sh.start.begin(), sh.start.end());
-        const auto t1 = *std::max_element(sh.end.begin(), sh.end.end());
-        const double dt = std::chrono::duration<double>(t1 - t0).count();
-        state.SetIterationTime(dt);
-        sh.seconds += dt;
-        ++sh.iterations;
-      }
-      sh.go.store(state.KeepRunning());
-    }
-    comm.barrier();
-    if (!sh.go.load()) break;
-    if (!pristine.empty()) std::copy(pristine.begin(), pristine.end(), out.begin());
-    comm.barrier();
-    sh.start[std::size_t(r)] = clock_type::now();
-    switch (op) {
+  auto collective = [&] {
+    switch (cs.op) {
       case Op::AllReduce: comm.all_reduce(out); break;
       case Op::ReduceScatter: comm.reduce_scatter(std::span<const T>(in), out); break;
       case Op::AllGather: comm.all_gather(std::span<const T>(in), out); break;
     }
-    sh.end[std::size_t(r)] = clock_type::now();
+  };
+  // reduce_scatter: in[j] = v(r, j) over the whole input, so block r holds v(r, r count + i).
+  fill(in);
+  double start = 0, end = 0;
+  for (;;) {
+    const std::int64_t k = link.exchange(start, end, d);
+    if (k == 0) break;
+    comm.barrier();
+    start = now_s();
+    for (std::int64_t j = 0; j < k; ++j) collective();
+    end = now_s();
   }
+  fill(in);
+  comm.barrier();
+  collective();
   std::int64_t bad = 0;
   auto differs = [](T got, float want) { return dsp::to_accum(got) != want; };
-  switch (op) {
+  switch (cs.op) {
     case Op::AllReduce:
       for (std::int64_t i = 0; i < count; ++i) bad += differs(out[std::size_t(i)], sum_value<T>(n, i));
       break;
@@ -221,61 +378,77 @@ void rank_body(Comm& comm, benchmark::State& state, Shared& sh, Op op, bool in_p
         for (std::int64_t i = 0; i < count; ++i) bad += differs(out[std::size_t(q * count + i)], value<T>(q, i));
       break;
   }
-  sh.wrong += bad;
+  return link.sum_to_root(bad);
 }
 
-template <class Comm, class T>
-void run_collective(benchmark::State& state, Op op, bool in_place) {
-  const int n = static_cast<int>(state.range(0));
-  const auto size = static_cast<std::int64_t>(state.range(1));  // bytes, nccl-tests' `size`
-  const std::int64_t count = op == Op::AllReduce ? size / std::int64_t(sizeof(T)) : size / std::int64_t(sizeof(T) * n);
-  Shared sh(n);
+// Runs this rank's part of a case, dispatching on the element type.
+template <class Link>
+std::int64_t run_rank(Link& link, Driver* d, const Case& cs) {
+  return cs.type == Type::Bf16 ? rank_body<dsp::bf16>(link, d, cs) : rank_body<float>(link, d, cs);
+}
+
+template <class Comm>
+void run_collective(benchmark::State& state, Case cs, std::int64_t& k_of_case) {
+  cs.ranks = static_cast<std::int32_t>(state.range(0));
+  cs.bytes = static_cast<std::int64_t>(state.range(1));  // nccl-tests' `size`
+  const std::int64_t elem = cs.type == Type::Bf16 ? 2 : 4;
+  const std::int64_t count = cs.op == Op::AllReduce ? cs.bytes / elem : cs.bytes / (elem * cs.ranks);
+  Driver driver(state, k_of_case);
+  std::int64_t wrong = 0;
   try {
-    Harness<Comm>::run(n, [&](Comm& comm) { rank_body<T>(comm, state, sh, op, in_place, count); });
+    Harness<Comm>::run(cs, [&](auto& link) {
+      const bool root = link.comm().rank() == 0;
+      const std::int64_t w = run_rank(link, root ? &driver : nullptr, cs);
+      if (root) wrong = w;
+    });
   } catch (const std::exception& e) {
+    // MpiComm: the other processes wait inside the case; mpi_launch aborts the job instead.
+    if constexpr (!std::is_same_v<Comm, dsp::comm::ThreadComm>) throw;
     state.SkipWithError(e.what());
     return;
   }
   Row row;
-  row.time_us = sh.iterations > 0 ? sh.seconds / double(sh.iterations) * 1e6 : 0.0;
-  row.algbw = row.time_us > 0 ? double(size) / row.time_us / 1e3 : 0.0;
-  row.busbw = row.algbw * bus_factor(op, n);
-  row.wrong = sh.wrong.load();
-  row.iterations = sh.iterations;
+  const double ops = double(driver.batches) * double(driver.k);
+  row.time_us = ops > 0 ? driver.seconds / ops * 1e6 : 0.0;
+  row.algbw = row.time_us > 0 ? double(cs.bytes) / row.time_us / 1e3 : 0.0;
+  row.busbw = row.algbw * bus_factor(cs.op, cs.ranks);
+  row.wrong = wrong;
+  row.batches = driver.batches;
+  row.k = driver.k;
   row.count = count;
-  results()[{op, n, type_name<T>()}][size][{Harness<Comm>::name, in_place}] = row;
-  state.counters["size"] = double(size);
+  results()[{cs.op, cs.ranks, cs.type == Type::Bf16 ? "bf16" : "float"}][cs.bytes][{Harness<Comm>::name, cs.in_place != 0}] =
+      row;
+  state.counters["size"] = double(cs.bytes);
   state.counters["count"] = double(count);
   state.counters["time_us"] = row.time_us;
   state.counters["algbw"] = row.algbw;  // GB/s
   state.counters["busbw"] = row.busbw;  // GB/s
   state.counters["wrong"] = double(row.wrong);
+  state.counters["K"] = double(row.k);
+  state.counters["batches"] = double(row.batches);
 }
 
-// ranks {2, 4} x size {4 KiB, 16 KiB, ..., 256 MiB}
-void collective_args(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"ranks", "bytes"});
-  for (int n : {2, 4})
-    for (std::int64_t bytes = 4 << 10; bytes <= (std::int64_t{1} << 28); bytes *= 4) b->Args({n, bytes});
-}
-
-// Registers the cases of one communicator, named "<comm>/<op>/<type>/<in_place|out_of_place>".
+// Registers the cases of one communicator at the given rank counts, sizes 4 KiB, 16 KiB, ...,
+// 256 MiB, named "<comm>/<op>/<type>/<in_place|out_of_place>/ranks:R/bytes:B".
 template <class Comm>
-void register_collectives() {
-  auto add = [](Op op, bool in_place, auto type_tag) {
-    using T = decltype(type_tag);
-    const std::string name = std::string(Harness<Comm>::name) + "/" + op_name(op) + "/" + type_name<T>() + "/" +
-                             (in_place ? "in_place" : "out_of_place");
-    benchmark::RegisterBenchmark(name.c_str(), [op, in_place](benchmark::State& s) { run_collective<Comm, T>(s, op, in_place); })
-        ->Apply(collective_args)
-        ->UseManualTime()
-        ->Unit(benchmark::kMicrosecond);
+void register_collectives(const std::vector<int>& rank_counts) {
+  auto add = [&](Op op, bool in_place, Type type) {
+    const std::string name = std::string(Harness<Comm>::name) + "/" + op_name(op) + "/" +
+                             (type == Type::Bf16 ? "bf16" : "float") + "/" + (in_place ? "in_place" : "out_of_place");
+    Case cs{op, type, in_place ? 1 : 0, 0, 0};
+    auto* b = benchmark::RegisterBenchmark(name.c_str(), [cs, name](benchmark::State& s) {
+      static std::map<std::tuple<std::string, std::int64_t, std::int64_t>, std::int64_t> k_of;  // calibrated K
+      run_collective<Comm>(s, cs, k_of[{name, s.range(0), s.range(1)}]);
+    });
+    b->ArgNames({"ranks", "bytes"})->UseManualTime()->Unit(benchmark::kMicrosecond);
+    for (int n : rank_counts)
+      for (std::int64_t bytes = 4 << 10; bytes <= (std::int64_t{1} << 28); bytes *= 4) b->Args({n, bytes});
   };
-  add(Op::AllReduce, true, float{});
-  add(Op::AllReduce, true, dsp::bf16{});
+  add(Op::AllReduce, true, Type::Float);
+  add(Op::AllReduce, true, Type::Bf16);
   for (bool in_place : {false, true}) {
-    add(Op::ReduceScatter, in_place, float{});
-    add(Op::AllGather, in_place, float{});
+    add(Op::ReduceScatter, in_place, Type::Float);
+    add(Op::AllGather, in_place, Type::Float);
   }
 }
 
@@ -314,7 +487,6 @@ void copy_args(benchmark::internal::Benchmark* b) {
   b->Arg(1);
   if (cores > 1) b->Arg(cores);
 }
-BENCHMARK(BM_copy_bandwidth)->Name("copy_bandwidth")->Apply(copy_args)->UseManualTime()->Unit(benchmark::kMillisecond);
 
 std::string human(std::int64_t bytes) {
   if (bytes >= (1 << 20) && bytes % (1 << 20) == 0) return std::to_string(bytes >> 20) + " MiB";
@@ -322,21 +494,30 @@ std::string human(std::int64_t bytes) {
   return std::to_string(bytes) + " B";
 }
 
-// Markdown, nccl-tests' layout: size, count, type, then per column group time, algbw, busbw, #wrong.
+// Markdown, nccl-tests' layout: size, count, type, then per column group time, algbw, busbw,
+// #wrong and ops (batches x K); when both communicators ran a variant, a last column per
+// variant: MpiComm's time / ThreadComm's time.
 void write_tables(const std::string& path) {
   std::ofstream f(path);
   char cell[160];
   for (const auto& [key, rows] : results()) {
-    std::set<ColumnKey> cols;  // by communicator, out of place first (as nccl-tests)
+    std::set<ColumnKey> cols;  // by communicator (MpiComm first), out of place first (as nccl-tests)
     for (const auto& [size, row] : rows)
       for (const auto& [col, r] : row) cols.insert(col);
+    std::vector<bool> ratios;  // in_place values that both communicators ran
+    for (bool ip : {false, true})
+      if (cols.count({"MpiComm", ip}) && cols.count({"ThreadComm", ip})) ratios.push_back(ip);
     f << "\n#### " << op_name(key.op) << ", " << key.ranks << " ranks, " << key.type << (key.op == Op::AllGather ? "" : ", sum")
       << "\n\n| size | count | type |";
     std::string rule = "| ---: | ---: | --- |";
     for (const auto& c : cols) {
       const std::string g = c.comm + (c.in_place ? " in-place" : " out-of-place");
-      f << ' ' << g << " time (us) | algbw (GB/s) | busbw (GB/s) | #wrong | iters |";
+      f << ' ' << g << " time (us) | algbw (GB/s) | busbw (GB/s) | #wrong | ops |";
       rule += " ---: | ---: | ---: | ---: | ---: |";
+    }
+    for (bool ip : ratios) {
+      f << " ThreadComm speed-up" << (ip ? " in-place" : " out-of-place") << " |";
+      rule += " ---: |";
     }
     f << '\n' << rule << '\n';
     for (const auto& [size, row] : rows) {
@@ -348,9 +529,18 @@ void write_tables(const std::string& path) {
           continue;
         }
         const Row& r = it->second;
-        std::snprintf(cell, sizeof cell, " %.1f | %.3f | %.3f | %lld | %lld |", r.time_us, r.algbw, r.busbw,
-                      static_cast<long long>(r.wrong), static_cast<long long>(r.iterations));
+        std::snprintf(cell, sizeof cell, " %.1f | %.3f | %.3f | %lld | %lldx%lld |", r.time_us, r.algbw, r.busbw,
+                      static_cast<long long>(r.wrong), static_cast<long long>(r.batches), static_cast<long long>(r.k));
         f << cell;
+      }
+      for (bool ip : ratios) {
+        auto m = row.find({"MpiComm", ip}), t = row.find({"ThreadComm", ip});
+        if (m != row.end() && t != row.end() && t->second.time_us > 0) {
+          std::snprintf(cell, sizeof cell, " %.2fx |", m->second.time_us / t->second.time_us);
+          f << cell;
+        } else {
+          f << " |";
+        }
       }
       f << '\n';
     }
@@ -366,6 +556,27 @@ void write_tables(const std::string& path) {
   }
 }
 
+// Google Benchmark on this process: registers the cases (ThreadComm at 2 and 4 ranks, MpiComm at
+// mpi_ranks) and the copy benchmark, runs, writes the tables.
+int run_benchmarks(int argc, char** argv, const std::string& tables, const std::vector<int>& mpi_ranks) {
+  register_collectives<dsp::comm::ThreadComm>({2, 4});
+#ifdef DSP_BENCH_HAVE_MPI
+  if (!mpi_ranks.empty()) register_collectives<dsp::comm::MpiComm>(mpi_ranks);
+#else
+  (void)mpi_ranks;
+#endif
+  benchmark::RegisterBenchmark("copy_bandwidth", BM_copy_bandwidth)
+      ->Apply(copy_args)
+      ->UseManualTime()
+      ->Unit(benchmark::kMillisecond);
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  if (!tables.empty()) write_tables(tables);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -377,11 +588,31 @@ int main(int argc, char** argv) {
     else argv[kept++] = argv[i];
   }
   argc = kept;
-  register_collectives<dsp::comm::ThreadComm>();
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  if (!tables.empty()) write_tables(tables);
-  return 0;
+#ifdef DSP_BENCH_HAVE_MPI
+  if (std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr) {
+    int rc = 0;
+    dsp::comm::mpi_launch([&](dsp::comm::MpiComm& world) {
+      mpi().world = &world;
+      std::vector<int> mpi_ranks;
+      for (int n : {2, 4})
+        if (n <= world.size()) {
+          mpi_ranks.push_back(n);
+          mpi().first.emplace(n, world.split(world.rank() < n ? 0 : 1, world.rank()));
+        }
+      if (world.rank() == 0) {
+        rc = run_benchmarks(argc, argv, tables, mpi_ranks);
+        next_case(Case{});  // ranks 0: the followers finish
+      } else {
+        for (Case cs; (cs = next_case()).ranks > 0;)
+          if (world.rank() < cs.ranks) {
+            Harness<dsp::comm::MpiComm>::Link link{mpi().first.at(cs.ranks)};
+            run_rank(link, nullptr, cs);
+          }
+      }
+      mpi().first.clear();
+    });
+    return rc;
+  }
+#endif
+  return run_benchmarks(argc, argv, tables, {});
 }

@@ -396,7 +396,7 @@ class ThreadComm {
   /// operators differ.
   template <class T>
   void all_reduce(std::span<T> data, ReduceOp op = ReduceOp::Sum) {
-    run("all_reduce", data.size_bytes(), [=, ep = ep_]() mutable { ep.all_reduce_impl(data, op); });
+    run("all_reduce", data.size_bytes(), [&] { ep_.all_reduce_impl(data, op); });
   }
   template <class T>
   Work all_reduce_async(std::span<T> data, ReduceOp op = ReduceOp::Sum) {
@@ -408,7 +408,7 @@ class ThreadComm {
   /// NCCL); any other overlap, or a size mismatch, throws CommError.
   template <class T>
   void reduce_scatter(std::span<const T> in, std::span<T> out, ReduceOp op = ReduceOp::Sum) {
-    run("reduce_scatter", in.size_bytes(), [=, ep = ep_]() mutable { ep.reduce_scatter_impl(in, out, op); });
+    run("reduce_scatter", in.size_bytes(), [&] { ep_.reduce_scatter_impl(in, out, op); });
   }
   template <class T>
   Work reduce_scatter_async(std::span<const T> in, std::span<T> out, ReduceOp op = ReduceOp::Sum) {
@@ -420,7 +420,7 @@ class ThreadComm {
   /// mismatch, throws CommError.
   template <class T>
   void all_gather(std::span<const T> in, std::span<T> out) {
-    run("all_gather", out.size_bytes(), [=, ep = ep_]() mutable { ep.all_gather_impl(in, out); });
+    run("all_gather", out.size_bytes(), [&] { ep_.all_gather_impl(in, out); });
   }
   template <class T>
   Work all_gather_async(std::span<const T> in, std::span<T> out) {
@@ -430,7 +430,7 @@ class ThreadComm {
   /// Copies root's `data` into every other rank's `data`.
   template <class T>
   void broadcast(std::span<T> data, int root) {
-    run("broadcast", data.size_bytes(), [=, ep = ep_]() mutable { ep.broadcast_impl(data, root); });
+    run("broadcast", data.size_bytes(), [&] { ep_.broadcast_impl(data, root); });
   }
   template <class T>
   Work broadcast_async(std::span<T> data, int root) {
@@ -482,7 +482,7 @@ class ThreadComm {
   void all_to_all_v(std::span<const T> in, std::vector<std::int64_t> send_counts, std::span<T> out,
                     std::vector<std::int64_t> recv_counts) {
     run("all_to_all_v", in.size_bytes(),
-        [=, ep = ep_]() mutable { ep.all_to_all_v_impl(in, send_counts, out, recv_counts); });
+        [&] { ep_.all_to_all_v_impl(in, send_counts, out, recv_counts); });
   }
   template <class T>
   Work all_to_all_v_async(std::span<const T> in, std::vector<std::int64_t> send_counts, std::span<T> out,
@@ -493,7 +493,7 @@ class ThreadComm {
 
   /// Returns when every rank called barrier.
   void barrier() {
-    run("barrier", 0, [ep = ep_]() mutable { ep.barrier_impl(); });
+    run("barrier", 0, [&] { ep_.barrier_impl(); });
   }
   Work barrier_async() {
     return submit("barrier", 0, [ep = ep_]() mutable { ep.barrier_impl(); });
@@ -522,11 +522,14 @@ class ThreadComm {
  private:
   void require_valid() const { DSP_CHECK_AS(CommError, ep_.group != nullptr, "use of an empty ThreadComm"); }
 
-  // Runs fn on the calling thread, or after the queued async work when there is some. name
-  // (the API call) and bytes label its trace span.
-  void run(const char* name, std::size_t bytes, const std::function<void()>& fn) {
+  // Runs fn on the calling thread, or after the queued async work when there is some (and
+  // waits for it, so fn may capture by reference). name (the API call) and bytes label its
+  // trace span. A template, so the synchronous path neither allocates a std::function nor
+  // copies the group's shared_ptr (an atomic on a cache line every rank shares).
+  template <class Fn>
+  void run(const char* name, std::size_t bytes, Fn&& fn) {
     require_valid();
-    if (worker_ && worker_->pending() > 0) return submit(name, bytes, fn).wait();
+    if (worker_ && worker_->pending() > 0) return submit(name, bytes, std::function<void()>(fn)).wait();
     trace::Span span(name, trace::Kind::Comm, {{"bytes", static_cast<std::int64_t>(bytes)}});
     fn();
   }
