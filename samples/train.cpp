@@ -108,7 +108,7 @@ void train(Options& o) {
                  o.profile_file, "': its directory is not writable");
   }
   const double flops_per_token = dsp::train::training_flops_per_token(o.model);
-  const bool tty = isatty(fileno(stdout));
+  const bool tty = isatty(fileno(stdout)) && !samples::started_by_mpiexec();  // mpiexec forwards a pty: keep log lines
 
   samples::run_ranks(o.world_size, [&]<class Comm>(Comm& world) {  // ThreadComm, or MpiComm under mpiexec
     using P = dsp::Policy<dsp::backend::Host, Comm>;
@@ -137,8 +137,7 @@ void train(Options& o) {
     };
     while (trainer.iteration() < o.train.train_iters) {
       trace_before(trainer.iteration() + 1);
-      const auto r = trainer.train_step();
-      trace_before(r.iteration + 1);
+      const auto r = trainer.train_step();  // a profiled step's evaluation and save are in its trace too
       const bool last = r.iteration == o.train.train_iters;
       const bool stop = last || (o.exit_interval > 0 && r.iteration % o.exit_interval == 0);
       const bool eval = last || (o.eval_interval > 0 && r.iteration % o.eval_interval == 0);
@@ -175,8 +174,10 @@ void train(Options& o) {
       trace_before(0);
       dsp::trace::write_chrome_trace(world, o.profile_file);  // every rank's events, written by rank 0
       if (lead) {
-        std::printf("trace of steps [%lld, %lld) in %s\n", static_cast<long long>(o.profile_step_start),
-                    static_cast<long long>(o.profile_step_end), o.profile_file.c_str());
+        const bool any = std::max(first + 1, o.profile_step_start) < std::min(trainer.iteration() + 1, o.profile_step_end);
+        std::printf("trace of steps [%lld, %lld) in %s%s\n", static_cast<long long>(o.profile_step_start),
+                    static_cast<long long>(o.profile_step_end), o.profile_file.c_str(),
+                    any ? "" : " (empty: this run trained none of those steps)");
       }
     }
     if (lead) {

@@ -524,3 +524,68 @@ TEST_CASE("eager and direct sizes that disagree fail on every rank") {
   CHECK_THROWS_WITH_AS(run(), "all_reduce: ranks disagree on size/arguments (rank 0: 10, rank 1: 100000)", dsp::CommError);
   CHECK(failures == 2);
 }
+
+TEST_CASE("ranks that disagree on the element type fail on every rank, before touching a buffer") {
+  for (std::size_t n : {100u, 4096u}) {  // both eager; float direct vs bf16 eager
+    CAPTURE(n);
+    std::atomic<int> failures{0};
+    auto run = [&] {
+      launch(2, [&](ThreadComm& c) {
+        std::vector<float> f(n, 1.0f);
+        std::vector<dsp::bf16> h(n, dsp::bf16(1.0f));
+        try {
+          if (c.rank() == 0)
+            c.all_reduce(std::span(f));
+          else
+            c.all_reduce(std::span(h));
+        } catch (const dsp::CommError&) {
+          ++failures;
+          throw;
+        }
+      });
+    };
+    CHECK_THROWS_WITH_AS(run(), "all_reduce: ranks disagree on the element type (rank 0: float, rank 1: bf16)",
+                         dsp::CommError);
+    CHECK(failures == 2);
+  }
+  std::atomic<int> failures{0};
+  CHECK_THROWS_WITH_AS(launch(2,
+                              [&](ThreadComm& c) {
+                                std::vector<std::int32_t> i(4, 1);
+                                std::vector<float> f(4, 1.0f);
+                                try {
+                                  if (c.rank() == 0)
+                                    c.all_to_all_v(std::span<const std::int32_t>(i), {2, 2}, std::span(i), {2, 2});
+                                  else
+                                    c.all_to_all_v(std::span<const float>(f), {2, 2}, std::span(f), {2, 2});
+                                } catch (const dsp::CommError&) {
+                                  ++failures;
+                                  throw;
+                                }
+                              }),
+                       "all_to_all_v: ranks disagree on the element type (rank 0: int32, rank 1: float)", dsp::CommError);
+  CHECK(failures == 2);
+}
+
+// A failure elsewhere must not end a direct-path collective early on one rank: its caller
+// would free (here: unwind and free) the buffer the peers are still reducing into. Under the
+// asan preset a rank leaving the closing barrier early shows as heap-use-after-free.
+TEST_CASE("an abort during a large all_reduce lets every rank of it finish with the buffers") {
+  std::atomic<int> collectives{0};
+  CHECK_THROWS_WITH_AS(launch(3,
+                              [&](ThreadComm& world) {
+                                ThreadComm pair = world.split(world.rank() < 2 ? 0 : 1, world.rank());
+                                if (world.rank() == 2) {
+                                  while (collectives.load() < 4) std::this_thread::yield();
+                                  throw std::runtime_error("rank two broke");
+                                }
+                                // 4 MiB: direct path. A collective whose barriers complete does not look
+                                // at the abort, so the loop is bounded (most runs end in AbortedError).
+                                std::vector<float> x(std::size_t{1} << 20, 1.0f);
+                                for (int i = 0; i < 100; ++i) {
+                                  pair.all_reduce(std::span(x));
+                                  ++collectives;
+                                }
+                              }),
+                       "rank two broke", std::runtime_error);
+}

@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 
 #include "dsp/backend/host.hpp"
 #include "dsp/comm/launch.hpp"
@@ -86,7 +87,7 @@ TEST_CASE("with overlap a bucket's all-reduce starts when its last gradient is r
   });
 }
 
-TEST_CASE("without overlap nothing starts before finish(); finish() alone reduces everything") {
+TEST_CASE("without overlap nothing starts before finish(); finish() alone reduces everything, every step") {
   comm::launch(2, [](comm::ThreadComm& world) {
     auto ps = make_params({8, 8}, world.rank());
     dp::GradBuckets<comm::ThreadComm> b(world, raw(ps), {.bucket_size_bytes = 32});
@@ -97,8 +98,40 @@ TEST_CASE("without overlap nothing starts before finish(); finish() alone reduce
     b.finish();
     CHECK(b.reductions(0) == 1);
     CHECK(b.reductions(1) == 1);
-    CHECK(ps[1]->grad[3] == static_cast<float>(0.001 * 1003 + 1.0 / 3) + static_cast<float>(2 * 0.001 * 1003 + 1.0 / 3));
+    const float sum = static_cast<float>(0.001 * 1003 + 1.0 / 3) + static_cast<float>(2 * 0.001 * 1003 + 1.0 / 3);
+    CHECK(ps[1]->grad[3] == sum);
+    b.finish();  // a second step without begin_last_micro_batch(): reduces the new gradients again
+    CHECK(b.reductions(1) == 2);
+    CHECK(ps[1]->grad[3] == 2 * sum);
   });
+}
+
+TEST_CASE("data-parallel ranks with different buckets are refused at construction") {
+  CHECK_THROWS_WITH_AS(comm::launch(2,
+                                    [](comm::ThreadComm& world) {
+                                      auto ps = make_params({8, 8}, world.rank());
+                                      dp::GradBuckets<comm::ThreadComm> b(
+                                          world, raw(ps), {.bucket_size_bytes = world.rank() == 0 ? 32 : 64});
+                                    }),
+                       "data-parallel ranks made different gradient buckets (buckets 1-2, elements 16-16, bytes per "
+                       "element 4-4): every rank needs the same --ddp-bucket-size and --grad-reduce-dtype",
+                       ConfigError);
+}
+
+// A rank that fails in backward with a bucket all-reduce in flight: the payload must outlive
+// the operation (under the asan preset a freed payload shows as heap-use-after-free) and the
+// failure must end every rank, not hang.
+TEST_CASE("a rank failing with a bucket all-reduce in flight ends the launch cleanly") {
+  CHECK_THROWS_WITH_AS(comm::launch(2,
+                                    [](comm::ThreadComm& world) {
+                                      auto ps = make_params({std::int64_t{4} << 20}, world.rank());  // 16 MiB
+                                      dp::GradBuckets<comm::ThreadComm> b(world, raw(ps), {.overlap_grad_reduce = true});
+                                      b.begin_last_micro_batch();
+                                      b.mark_ready(*ps[0]);  // the all-reduce starts
+                                      if (world.rank() == 1) throw std::runtime_error("backward failed on rank 1");
+                                      b.finish();
+                                    }),
+                       "backward failed on rank 1", std::runtime_error);
 }
 
 TEST_CASE("bf16 transport: every rank's gradient rounded to bf16 once, summed in fp32, rounded once") {
@@ -130,9 +163,10 @@ struct Run {
   std::vector<std::int64_t> reductions;              // per bucket, DP rank 0 of TP rank 0
 };
 
-// TP x DP training of the small model for `steps` steps (gradient accumulation 2).
+// TP x DP training of the small model (one K/V head) for `steps` steps (gradient accumulation 2).
 Run train_run(int tp, int dp, const dp::DdpConfig& ddp, int steps) {
-  const auto config = test::small_model(/*tied=*/true);
+  auto config = test::small_model(/*tied=*/true);
+  config.num_query_groups = 1;  // at TP2 the K/V head is replicated: its gradient is summed over TP first
   const auto& data = test::shakespeare(config.seq_length);
   train::TrainConfig tc;
   tc.micro_batch_size = 2;

@@ -61,6 +61,22 @@ inline const char* op_name(std::int64_t op) {
 /// checks the op codes and arguments. Slots and staging buffers of instance gen are read only
 /// before this rank arrives at instance gen + 1 (see Group::slot), and peers' payload buffers
 /// only before the collective's last barrier, after which the caller owns them again.
+// Element types as the collectives check them: every rank must pass the same one.
+template <class T>
+constexpr std::int64_t type_code() {
+  if constexpr (std::is_same_v<T, float>) return 1;
+  else if constexpr (std::is_same_v<T, double>) return 2;
+  else if constexpr (std::is_same_v<T, bf16>) return 3;
+  else if constexpr (std::is_same_v<T, fp16>) return 4;
+  else if constexpr (std::is_same_v<T, std::int32_t>) return 5;
+  else if constexpr (std::is_same_v<T, std::int64_t>) return 6;
+  else return 100 + static_cast<std::int64_t>(sizeof(T));  // other types: told apart by size only
+}
+inline std::string type_name(std::int64_t code) {
+  static const char* names[] = {"?", "float", "double", "bf16", "fp16", "int32", "int64"};
+  return code >= 0 && code <= 6 ? names[code] : ::dsp::detail::concat(code - 100, "-byte type");
+}
+
 struct Endpoint {
   std::shared_ptr<Group> group;
   int rank = 0;
@@ -69,6 +85,10 @@ struct Endpoint {
   using Acc = decltype(to_accum(T{}));
 
   void sync(const char* op) const { group->arrive_and_wait(rank, op); }
+  // The last barrier of a collective in which peers read or write this rank's buffers: waits
+  // out an abort for Group::kAbortGrace so that no rank returns (and frees its buffer) while
+  // peers still use it.
+  void sync_closing(const char* op) const { group->arrive_and_wait(rank, op, Group::kAbortGrace); }
   int size() const { return group->size; }
 
   const Slot& slot(std::uint64_t gen, int q) const { return group->slot(gen, q); }
@@ -101,7 +121,10 @@ struct Endpoint {
       const Slot& sq = slot(gen, q);
       if (sq.op != s0.op) fail(name, ::dsp::detail::concat("collective mismatch: rank 0 called ", op_name(s0.op), ", rank ", q,
                                                            " called ", op_name(sq.op)));
-      if (same_args && !std::equal(sq.arg, sq.arg + 3, s0.arg))
+      if (same_args && sq.arg[2] != s0.arg[2])
+        fail(name, ::dsp::detail::concat(name, ": ranks disagree on the element type (rank 0: ", type_name(s0.arg[2]),
+                                         ", rank ", q, ": ", type_name(sq.arg[2]), ")"));
+      if (same_args && !std::equal(sq.arg, sq.arg + 2, s0.arg))
         fail(name, ::dsp::detail::concat(name, ": ranks disagree on size/arguments (rank 0: ", s0.arg[0], ", rank ", q,
                                          ": ", sq.arg[0], ")"));
     }
@@ -228,7 +251,7 @@ struct Endpoint {
     const auto n = static_cast<std::int64_t>(data.size());
     const int p = size();
     const bool eager = data.size_bytes() <= Group::kStagingBytes;
-    const auto gen = post(OpCode::AllReduce, data.data(), {n, static_cast<std::int64_t>(op), 0}, true,
+    const auto gen = post(OpCode::AllReduce, data.data(), {n, static_cast<std::int64_t>(op), type_code<T>()}, true,
                           eager && p > 1 ? std::as_bytes(data) : std::span<const std::byte>{});
     if (p == 1) return;
     PtrArray<const T*> src(p);
@@ -245,7 +268,7 @@ struct Endpoint {
       src.data()[q] = dst.data()[q];
     }
     reduce(src.data(), p, dst.data(), p, e - b, op);
-    sync("all_reduce");
+    sync_closing("all_reduce");
   }
 
   // True when [a, a + na) and [b, b + nb) share an element.
@@ -268,13 +291,13 @@ struct Endpoint {
     DSP_CHECK_AS(CommError, out.data() == in.data() + n * rank || !overlaps<T>(in.data(), in.size(), out.data(), out.size()),
                  "reduce_scatter: the output overlaps the input other than as this rank's block (in + rank x count)");
     const bool eager = in.size_bytes() <= Group::kStagingBytes;
-    const auto gen = post(OpCode::ReduceScatter, in.data(), {n, static_cast<std::int64_t>(op), 0}, true,
+    const auto gen = post(OpCode::ReduceScatter, in.data(), {n, static_cast<std::int64_t>(op), type_code<T>()}, true,
                           eager ? std::as_bytes(in) : std::span<const std::byte>{});
     PtrArray<const T*> src(p);
     for (int q = 0; q < p; ++q) src.data()[q] = (eager ? staged<T>(gen, q) : peer<T>(gen, q)) + n * rank;
     T* dst = out.data();
     reduce(src.data(), p, &dst, 1, n, op);
-    if (!eager) sync("reduce_scatter");
+    if (!eager) sync_closing("reduce_scatter");
   }
 
   // all_gather: every rank copies the n blocks into its own `out` (pull). In place
@@ -290,7 +313,7 @@ struct Endpoint {
     DSP_CHECK_AS(CommError, in_place || !overlaps<T>(in.data(), in.size(), out.data(), out.size()),
                  "all_gather: the input overlaps the output other than as this rank's block (out + rank x count)");
     const bool eager = in.size_bytes() <= Group::kStagingBytes;
-    const auto gen = post(OpCode::AllGather, in.data(), {n, 0, 0}, true,
+    const auto gen = post(OpCode::AllGather, in.data(), {n, 0, type_code<T>()}, true,
                           eager && p > 1 ? std::as_bytes(in) : std::span<const std::byte>{});
     const auto bytes = static_cast<std::size_t>(in.size_bytes());
     for (int q = 0; q < p; ++q) {
@@ -298,15 +321,15 @@ struct Endpoint {
       const T* from = q == rank ? in.data() : eager ? staged<T>(gen, q) : peer<T>(gen, q);
       if (bytes > 0) std::memcpy(out.data() + n * q, from, bytes);
     }
-    if (!eager) sync("all_gather");
+    if (!eager) sync_closing("all_gather");
   }
 
   template <class T>
   void broadcast_impl(std::span<T> data, int root) {
     DSP_CHECK_AS(CommError, root >= 0 && root < size(), "broadcast: root ", root, " outside [0, ", size(), ")");
-    const auto gen = post(OpCode::Broadcast, data.data(), {static_cast<std::int64_t>(data.size()), root, 0});
+    const auto gen = post(OpCode::Broadcast, data.data(), {static_cast<std::int64_t>(data.size()), root, type_code<T>()});
     if (rank != root) std::copy(peer<T>(gen, root), peer<T>(gen, root) + data.size(), data.data());
-    sync("broadcast");
+    sync_closing("broadcast");
   }
 
   template <class T>
@@ -336,7 +359,11 @@ struct Endpoint {
     Slot& mine = group->slot(group->generation(), rank);
     mine.send_counts = send_counts.data();
     mine.recv_counts = recv_counts.data();
-    const auto gen = post(OpCode::AllToAllV, in.data(), {}, /*same_args=*/false);
+    const auto gen = post(OpCode::AllToAllV, in.data(), {0, 0, type_code<T>()}, /*same_args=*/false);
+    for (int q = 1; q < p; ++q)
+      if (slot(gen, q).arg[2] != slot(gen, 0).arg[2])
+        fail("all_to_all_v", ::dsp::detail::concat("all_to_all_v: ranks disagree on the element type (rank 0: ",
+                                                   type_name(slot(gen, 0).arg[2]), ", rank ", q, ": ", type_name(slot(gen, q).arg[2]), ")"));
     // Every rank checks the whole count matrix, so either all ranks throw or none does.
     for (int src = 0; src < p; ++src)
       for (int dst = 0; dst < p; ++dst) {
@@ -352,7 +379,7 @@ struct Endpoint {
       std::copy(peer<T>(gen, q) + in_off, peer<T>(gen, q) + in_off + sc[rank], out.data() + out_off);
       out_off += recv_counts[static_cast<std::size_t>(q)];
     }
-    sync("all_to_all_v");
+    sync_closing("all_to_all_v");
   }
 
   Endpoint split_impl(int color, int key) {

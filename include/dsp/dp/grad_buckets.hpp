@@ -14,6 +14,10 @@
 // With a 16-bit communication dtype every bucket is rounded to bf16 once, all-reduced with
 // fp32 accumulation inside the communicator, and widened back to fp32.
 #include <cstdint>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -38,10 +42,12 @@ inline GradReduceDType grad_reduce_dtype_from_name(const std::string& name) {
 /// Settings of the bucketed data-parallel reduction (Megatron flag names).
 struct DdpConfig {
   /// --ddp-bucket-size: largest communication payload of one bucket, bytes (a parameter
-  /// larger than this gets a bucket of its own; parameters are never split). Default 4 MiB:
-  /// bench_overlap (benchmarks/RESULTS.md) shows the per-bucket cost of a shared-memory
-  /// all-reduce is a few microseconds, so buckets this size cost nothing and leave several
-  /// buckets to overlap even in the small sample models.
+  /// larger than this gets a bucket of its own; parameters are never split). Megatron's flag
+  /// of the same name counts elements. Default 4 MiB: bench_overlap (benchmarks/RESULTS.md)
+  /// measured 13 buckets of the demo model's 3.3 MB of gradients in 0.23 ms against 0.21 ms
+  /// for one all-reduce (~2 us per bucket), so the size only decides how early the first
+  /// all-reduce can start; at the default the small sample models fit one bucket, so pass a
+  /// smaller size to overlap them.
   std::int64_t bucket_size_bytes = 4 << 20;
   /// --overlap-grad-reduce: start each bucket's all-reduce during backward (true) or all of
   /// them after backward (false). The results are bitwise the same.
@@ -56,8 +62,9 @@ template <comm::Communicator Comm>
 class GradBuckets {
  public:
   /// params: this rank's parameters in the order backward finishes their gradients (e.g.
-  /// CausalLM::grad_ready_order()); every DP rank must pass the same sequence of shapes.
-  /// Throws ConfigError when bucket_size_bytes < 1.
+  /// CausalLM::grad_ready_order()). Collective over `dp`: checks that every DP rank made the
+  /// same buckets (count, elements, dtype). Throws ConfigError when bucket_size_bytes < 1 or
+  /// the ranks' buckets differ (e.g. different --ddp-bucket-size or --grad-reduce-dtype).
   GradBuckets(Comm& dp, const std::vector<model::Parameter*>& params, DdpConfig config)
       : dp_(&dp), config_(config) {
     DSP_CHECK_AS(ConfigError, config.bucket_size_bytes >= 1, "--ddp-bucket-size must be >= 1 byte, got ",
@@ -73,15 +80,45 @@ class GradBuckets {
       b.params.push_back(p);
       b.elements += p->grad.numel();
     }
+    std::int64_t elements = 0;
     for (auto& b : buckets_) {
+      elements += b.elements;
+      if (dp.size() == 1) continue;  // nothing to communicate: no payload
       if (config.grad_reduce_dtype == GradReduceDType::Bf16)
         b.half.resize(static_cast<std::size_t>(b.elements));
       else
         b.full.resize(static_cast<std::size_t>(b.elements));
     }
+    if (dp.size() > 1) {  // all ranks must issue the same all-reduces: compare max and min
+      const std::int64_t mine[3] = {static_cast<std::int64_t>(buckets_.size()), elements, elem};
+      std::vector<std::int64_t> hi(mine, mine + 3), lo(mine, mine + 3);
+      dp.all_reduce(std::span(hi), comm::ReduceOp::Max);
+      dp.all_reduce(std::span(lo), comm::ReduceOp::Min);
+      DSP_CHECK_AS(ConfigError, hi == lo, "data-parallel ranks made different gradient buckets (buckets ", lo[0], "-",
+                   hi[0], ", elements ", lo[1], "-", hi[1], ", bytes per element ", lo[2], "-", hi[2],
+                   "): every rank needs the same --ddp-bucket-size and --grad-reduce-dtype");
+    }
   }
   GradBuckets(const GradBuckets&) = delete;
   GradBuckets& operator=(const GradBuckets&) = delete;
+  /// Waits for all-reduces still in flight, so their payloads outlive them. While an exception
+  /// unwinds this rank (its peers may never join those all-reduces) it does not wait: it hands
+  /// the payloads to a process-lifetime store (freed at exit) for the communicator to finish or
+  /// abort the operations on.
+  ~GradBuckets() {
+    for (auto& b : buckets_) {
+      if (b.work.completed()) continue;
+      if (std::uncaught_exceptions() > 0) {
+        keep_until_exit(std::move(b.full));  // moved, not copied: the buffers stay where they are
+        keep_until_exit(std::move(b.half));
+        continue;
+      }
+      try {
+        b.work.wait();
+      } catch (...) {  // a destructor must not throw; the failure was reported where it happened
+      }
+    }
+  }
 
   /// Starts a step's last micro-batch: from now on mark_ready() counts gradients as final.
   void begin_last_micro_batch() {
@@ -104,7 +141,8 @@ class GradBuckets {
 
   /// Starts every bucket not started yet (all of them when overlap is off), waits for all,
   /// and writes the sums back into the gradients. Call once per step before clipping and
-  /// the optimizer. Collective over the data-parallel group.
+  /// the optimizer; it also resets the buckets for the next step. Collective over the
+  /// data-parallel group.
   void finish() {
     while (next_launch_ < buckets_.size()) launch(buckets_[next_launch_++]);
     for (auto& b : buckets_) {
@@ -122,6 +160,7 @@ class GradBuckets {
         off += n;
       }
     }
+    begin_last_micro_batch();  // the next step starts from no bucket launched
   }
 
   /// Number of buckets.
@@ -142,6 +181,15 @@ class GradBuckets {
     std::int64_t reductions = 0;
     comm::Work work;
   };
+
+  // Keeps v's buffer allocated until the process exits (the failure path of the destructor).
+  template <class V>
+  static void keep_until_exit(V v) {
+    static std::mutex mu;
+    static std::vector<std::shared_ptr<void>> kept;
+    std::lock_guard lk(mu);
+    kept.push_back(std::make_shared<V>(std::move(v)));
+  }
 
   void launch_ready() {
     while (next_launch_ < buckets_.size() &&

@@ -58,6 +58,10 @@ struct Group {
   /// than the two-barrier direct algorithm at 16-32 KiB, where it moves n times the data (every
   /// rank reduces the whole message). Costs 2 x size x 8 KiB per group.
   static constexpr std::size_t kStagingBytes = std::size_t{8} << 10;
+  /// Grace period of closing barriers after an abort (see arrive_and_wait): far longer than a
+  /// rank needs between its collective's two barriers (a 256 MiB all_reduce takes ~70 ms
+  /// here), short enough not to matter when a peer really is gone.
+  static constexpr std::chrono::milliseconds kAbortGrace{2000};
 
   Group(std::shared_ptr<Universe> u, int n)
       : universe(std::move(u)), size(n), objs(static_cast<std::size_t>(n)), slots_(2 * static_cast<std::size_t>(n)),
@@ -86,10 +90,15 @@ struct Group {
 
   /// Waits until all `size` ranks arrived. Throws AbortedError when another rank failed and
   /// TimeoutError (aborting the whole launch) after the universe's timeout.
-  void arrive_and_wait(int rank, const char* op) {
+  /// abort_grace: how long to keep waiting after an abort was seen before throwing. Zero for
+  /// a collective's first barrier; the closing barrier of a collective whose peers read or
+  /// write this rank's buffers passes kAbortGrace, because a rank that passed the first barrier
+  /// reaches the closing one without blocking: leaving early would hand the buffers back to the
+  /// caller (who may free them while unwinding) while peers still use them.
+  void arrive_and_wait(int rank, const char* op, std::chrono::milliseconds abort_grace = {}) {
     const std::uint64_t gen = generation_.load(std::memory_order_acquire);
-    if (arrived_.fetch_add(1, std::memory_order_acq_rel) + 1 == size) {
-      arrived_.store(0, std::memory_order_relaxed);  // published by the generation store below
+    if ((arrived_.fetch_add(1, std::memory_order_acq_rel) & kCountMask) + 1 == static_cast<std::uint64_t>(size)) {
+      arrived_.store(tag(gen + 1), std::memory_order_relaxed);  // published by the generation store below
       generation_.store(gen + 1, std::memory_order_seq_cst);
       // Sleeper handshake: a sleeper increments sleepers_ and then, holding mu_, re-reads the
       // generation (both seq_cst). Either it incremented before our load below (we see it and
@@ -103,25 +112,28 @@ struct Group {
       return;
     }
     auto done = [&] { return generation_.load(std::memory_order_acquire) != gen; };
+    auto leave = [&] { return withdraw(gen); };
     // Phase 1: yield.
     using clock = std::chrono::steady_clock;
     const auto start = clock::now();
+    clock::time_point aborted_seen{};  // when this wait first saw the abort (grace period)
     for (int i = 0;; ++i) {
       if (done()) return;
       if (i % kCheckEvery == kCheckEvery - 1) {
-        throw_if_aborted(rank, op);
+        throw_if_aborted(rank, op, abort_grace, aborted_seen, leave);
         if (clock::now() - start > kYieldFor) break;
       }
       std::this_thread::yield();
     }
     // Phase 2: sleep.
     sleepers_.fetch_add(1, std::memory_order_seq_cst);
-    struct Leave {
+    struct Unsleep {
       std::atomic<int>& n;
-      ~Leave() { n.fetch_sub(1, std::memory_order_relaxed); }
-    } leave{sleepers_};
+      ~Unsleep() { n.fetch_sub(1, std::memory_order_relaxed); }
+    } unsleep{sleepers_};
     std::unique_lock lk(mu_);
-    wait_until(lk, rank, op, [&] { return generation_.load(std::memory_order_seq_cst) != gen; }, start);
+    wait_until(lk, rank, op, [&] { return generation_.load(std::memory_order_seq_cst) != gen; }, start, abort_grace,
+               aborted_seen, leave);
   }
 
   /// Point-to-point: buffered send (copies and returns).
@@ -138,7 +150,9 @@ struct Group {
   void take_message(int src, int dst, int tag, void* data, std::size_t bytes) {
     std::unique_lock lk(mu_);
     auto& q = mailbox_[{src, dst, tag}];
-    wait_until(lk, dst, "recv", [&] { return !q.empty(); }, std::chrono::steady_clock::now());
+    std::chrono::steady_clock::time_point aborted_seen{};
+    wait_until(lk, dst, "recv", [&] { return !q.empty(); }, std::chrono::steady_clock::now(), {}, aborted_seen,
+               [] { return true; });
     std::vector<std::byte> msg = std::move(q.front());
     q.pop_front();
     DSP_CHECK_AS(CommError, msg.size() == bytes, "recv on rank ", dst, " from rank ", src, " tag ", tag,
@@ -159,20 +173,46 @@ struct Group {
     return static_cast<std::size_t>(gen & 1u) * static_cast<std::size_t>(size) + static_cast<std::size_t>(rank);
   }
 
-  void throw_if_aborted(int rank, const char* op) const {
-    if (universe->aborted.load())
+  // arrived_ holds the low 32 bits of the barrier instance (tag) above the count of ranks that
+  // arrived at it, so that a waiter can take its arrival back only while that very instance is
+  // incomplete (withdraw).
+  static constexpr std::uint64_t kCountMask = 0xffffffffu;
+  static std::uint64_t tag(std::uint64_t gen) { return (gen & kCountMask) << 32; }
+
+  // Takes this rank's arrival at instance gen back, so that the barrier cannot complete without
+  // it: true when done (the caller may throw), false when the instance completed (or is being
+  // completed by its last arriver) meanwhile: then the caller must carry on as if it had
+  // waited normally, since its peers proceed into the collective and use its buffers.
+  bool withdraw(std::uint64_t gen) {
+    std::uint64_t v = arrived_.load(std::memory_order_acquire);
+    for (;;) {
+      if ((v & ~kCountMask) != tag(gen) || (v & kCountMask) >= static_cast<std::uint64_t>(size)) return false;
+      if (arrived_.compare_exchange_weak(v, v - 1, std::memory_order_acq_rel)) return true;
+    }
+  }
+
+  // Throws AbortedError once the launch is aborted, the grace period (counted from the first
+  // call that saw the abort, `seen`) is over and leave() agrees (see withdraw).
+  template <class Leave>
+  void throw_if_aborted(int rank, const char* op, std::chrono::milliseconds grace,
+                        std::chrono::steady_clock::time_point& seen, Leave leave) const {
+    if (!universe->aborted.load()) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (seen == std::chrono::steady_clock::time_point{}) seen = now;
+    if (now - seen >= grace && leave())
       throw AbortedError(concat("rank ", rank, ": ", op, " aborted because ", universe->reason()));
   }
 
   // Waits (mu_ held) until ready(), with 20 ms wake-ups to check for an abort and the timeout,
   // counted from `start`.
-  template <class Pred>
+  template <class Pred, class Leave>
   void wait_until(std::unique_lock<std::mutex>& lk, int rank, const char* op, Pred ready,
-                  std::chrono::steady_clock::time_point start) {
+                  std::chrono::steady_clock::time_point start, std::chrono::milliseconds grace,
+                  std::chrono::steady_clock::time_point& aborted_seen, Leave leave) {
     const auto deadline = start + universe->timeout;
     while (!ready()) {
-      throw_if_aborted(rank, op);
-      if (std::chrono::steady_clock::now() > deadline) {
+      throw_if_aborted(rank, op, grace, aborted_seen, leave);
+      if (std::chrono::steady_clock::now() > deadline && leave()) {
         const std::string why = concat("rank ", rank, ": ", op, " timed out after ",
                                        universe->timeout.count(), " ms waiting for the other ranks");
         universe->abort_all(why);
@@ -189,7 +229,7 @@ struct Group {
   // Waiters poll generation_ while arrivals update arrived_: separate cache lines, so that the
   // polling does not slow the arrivals down (measured: 2-rank barrier ~2.5 us -> ~0.6 us).
   alignas(64) std::atomic<std::uint64_t> generation_{0};
-  alignas(64) std::atomic<int> arrived_{0};
+  alignas(64) std::atomic<std::uint64_t> arrived_{0};  // tag(instance) | count, see withdraw
   std::atomic<int> sleepers_{0};
   std::mutex mu_;
   std::condition_variable cv_;
