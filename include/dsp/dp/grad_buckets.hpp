@@ -149,16 +149,12 @@ class GradBuckets {
       if (dp_->size() == 1) continue;
       b.work.wait();
       b.work = comm::Work{};
-      std::int64_t off = 0;
-      for (auto* p : b.params) {
-        float* g = p->grad.data();
-        const std::int64_t n = p->grad.numel();
+      for_each_slice(b, [&](float* g, std::int64_t off, std::int64_t n) {
         if (!b.half.empty())
           for (std::int64_t i = 0; i < n; ++i) g[i] = static_cast<float>(b.half[static_cast<std::size_t>(off + i)]);
         else
           std::copy(b.full.begin() + off, b.full.begin() + off + n, g);
-        off += n;
-      }
+      });
     }
     begin_last_micro_batch();  // the next step starts from no bucket launched
   }
@@ -197,19 +193,26 @@ class GradBuckets {
       launch(buckets_[next_launch_++]);
   }
 
+  // f(grad, offset, n) for each parameter of the bucket: its gradient's n elements sit at
+  // [offset, offset + n) of the bucket's payload.
+  template <class F>
+  static void for_each_slice(Bucket& b, F f) {
+    std::int64_t off = 0;
+    for (auto* p : b.params) {
+      f(p->grad.data(), off, p->grad.numel());
+      off += p->grad.numel();
+    }
+  }
+
   // Packs the bucket's gradients into its payload and starts the all-reduce.
   void launch(Bucket& b) {
     if (dp_->size() == 1) return;
-    std::int64_t off = 0;
-    for (auto* p : b.params) {
-      const float* g = p->grad.data();
-      const std::int64_t n = p->grad.numel();
+    for_each_slice(b, [&](const float* g, std::int64_t off, std::int64_t n) {
       if (!b.half.empty())
         for (std::int64_t i = 0; i < n; ++i) b.half[static_cast<std::size_t>(off + i)] = bf16(g[i]);
       else
         std::copy(g, g + n, b.full.begin() + off);
-      off += n;
-    }
+    });
     b.work = b.half.empty() ? dp_->all_reduce_async(std::span<float>(b.full))
                             : dp_->all_reduce_async(std::span<bf16>(b.half));
     ++b.reductions;
