@@ -1,10 +1,12 @@
-// dsp-train: trains the dense decoder on a byte-level text file with tensor and data
-// parallelism (threads as ranks, or processes under mpiexec), Megatron flag spelling. Writes JSON-lines metrics, a
+// dsp-train: trains the dense decoder on a byte-level text file with tensor, pipeline and
+// data parallelism (threads as ranks, or processes under mpiexec), Megatron flag spelling. Writes JSON-lines metrics, a
 // live progress line on a terminal, and sharded checkpoints.
 //
 //   dsp-train --world-size 4 --tensor-model-parallel-size 2 --data-path data/tinyshakespeare.txt
 //             --train-iters 300 --save ckpt --metrics-file metrics.jsonl
 //   mpiexec -n 4 dsp-train --tensor-model-parallel-size 2 ...   (the same training, MpiComm)
+//   dsp-train --world-size 4 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 ...
+//             [--pipeline-schedule gpipe|1f1b|interleaved] [--num-layers-per-virtual-pipeline-stage K]
 //
 // --profile-file trace.json writes a Chrome trace of steps [--profile-step-start,
 // --profile-step-end): per rank, compute, communication and idle spans (ui.perfetto.dev),
@@ -30,6 +32,8 @@ namespace {
 struct Options {
   int world_size = 0;  // 0: not given (1 thread, or the MPI size under mpiexec)
   int tensor_parallel = 1;
+  int pipeline_parallel = 1;
+  bool print_schedule = false;
   dsp::model::ModelConfig model;
   bool untie = false;
   dsp::train::TrainConfig train;
@@ -43,6 +47,16 @@ struct Options {
 void add_flags(CLI::App& app, Options& o) {
   app.add_option("--world-size", o.world_size, "ranks (threads; under mpiexec the MPI size, which it must equal); data-parallel size = world / (TP x PP)");
   app.add_option("--tensor-model-parallel-size", o.tensor_parallel, "tensor-parallel size");
+  app.add_option("--pipeline-model-parallel-size", o.pipeline_parallel, "pipeline stages");
+  app.add_option("--pipeline-schedule", o.train.pipeline.schedule,
+                 "gpipe, 1f1b or interleaved (default: interleaved with virtual stages, else 1f1b)")
+      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved"}));
+  app.add_option("--num-layers-per-virtual-pipeline-stage", o.train.pipeline.num_layers_per_virtual_stage,
+                 "layers per model chunk of the interleaved schedule (layers / (PP x this) chunks per rank)");
+  app.add_option("--pipeline-layer-split", o.train.pipeline.layer_split,
+                 "explicit layers per (virtual) pipeline stage, e.g. 3,3,2,2 (default: as even as possible, earlier stages get the extra)")
+      ->delimiter(',');
+  app.add_flag("--print-pipeline-schedule", o.print_schedule, "print each pipeline rank's actions as a table and continue");
   app.add_option("--num-layers", o.model.num_layers, "decoder layers");
   app.add_option("--hidden-size", o.model.hidden_size, "hidden size");
   app.add_option("--num-attention-heads", o.model.num_attention_heads, "attention heads");
@@ -80,7 +94,7 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--exit-interval", o.exit_interval, "stop (after saving) at the first step divisible by N");
   app.add_option("--load", o.load, "checkpoint directory to resume from");
   app.add_option("--data-path", o.data_path, "text file; bytes are tokens, the last 10% is validation")->required();
-  app.add_option("--metrics-file", o.metrics_file, "JSON lines: step, loss, val_loss, lr, grad_norm, tokens_per_s, mfu");
+  app.add_option("--metrics-file", o.metrics_file, "JSON lines: step, loss, val_loss, lr, grad_norm, tokens_per_s, mfu, step_time_s, bubble_fraction");
   app.add_option("--peak-flops", o.peak_flops, "FLOP/s that MFU is measured against (default: measured sgemm peak)");
   app.add_option("--profile-file", o.profile_file, "write a Chrome trace (ui.perfetto.dev) of the profiled steps here");
   app.add_option("--profile-step-start", o.profile_step_start, "first profiled optimizer step (1-based; default 2)");
@@ -112,7 +126,7 @@ void train(Options& o) {
 
   samples::run_ranks(o.world_size, [&]<class Comm>(Comm& world) {  // ThreadComm, or MpiComm under mpiexec
     using P = dsp::Policy<dsp::backend::Host, Comm>;
-    dsp::DeviceMesh mesh(world, dsp::ParallelLayout{.tensor = o.tensor_parallel});
+    dsp::DeviceMesh mesh(world, dsp::ParallelLayout{.tensor = o.tensor_parallel, .pipeline = o.pipeline_parallel});
     dsp::train::Trainer<P> trainer(o.model, o.train, mesh, data);
     if (!o.load.empty()) dsp::train::load_checkpoint(o.load, trainer);
     const bool lead = world.rank() == 0;
@@ -122,6 +136,7 @@ void train(Options& o) {
                   mesh.layout().str().c_str(), static_cast<long long>(o.model.num_parameters()),
                   static_cast<long long>(trainer.sampler().accumulation_steps()),
                   static_cast<long long>(o.train.micro_batch_size), o.peak_flops / 1e9);
+      if (o.print_schedule) std::printf("%s", dsp::pp::to_table(trainer.engine().schedule()).c_str());
       if (!o.metrics_file.empty()) {
         metrics.emplace(o.metrics_file, trainer.iteration() > 0 ? std::ios::app : std::ios::trunc);
         DSP_CHECK_AS(dsp::InputError, metrics->good(), "cannot write metrics file '", o.metrics_file, "'");
@@ -150,7 +165,7 @@ void train(Options& o) {
         if (metrics) {
           nlohmann::json j = {{"step", r.iteration}, {"loss", r.loss},         {"lr", r.lr},
                               {"grad_norm", r.grad_norm}, {"tokens_per_s", tps}, {"mfu", mfu},
-                              {"step_time_s", r.seconds}};
+                              {"step_time_s", r.seconds}, {"bubble_fraction", r.bubble_fraction}};
           if (eval) j["val_loss"] = val;
           *metrics << j.dump() << '\n' << std::flush;
         }
@@ -191,7 +206,7 @@ void train(Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"dsp-train: tensor- and data-parallel training of a dense decoder on byte-level text"};
+  CLI::App app{"dsp-train: tensor-, pipeline- and data-parallel training of a dense decoder on byte-level text"};
   Options o;
   add_flags(app, o);
   return samples::run_main(app, argc, argv, [&] {

@@ -184,7 +184,7 @@ Run train_run(int tp, int dp, const dp::DdpConfig& ddp, int steps) {
     if (world.rank() != 0) return;
     std::lock_guard lk(mu);
     out.losses = losses;
-    for (auto* p : trainer.model().parameters())
+    for (auto* p : trainer.parameters())
       out.params[p->spec.name].assign(p->value.data(), p->value.data() + p->value.numel());
     for (std::size_t i = 0; i < trainer.grad_buckets().size(); ++i)
       out.reductions.push_back(trainer.grad_buckets().reductions(i));

@@ -4,6 +4,7 @@
 #include "dsp/backend/host.hpp"
 #include "dsp/comm/launch.hpp"
 #include "dsp/policy.hpp"
+#include "dsp/model/causal_lm.hpp"
 #include "dsp/train/trainer.hpp"
 
 using namespace dsp;

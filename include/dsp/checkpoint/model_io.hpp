@@ -11,12 +11,22 @@
 
 namespace dsp::checkpoint {
 
-/// Every parameter of this rank as a checkpoint entry (the model owns the tensors).
+/// What a parameter state is for: saving leaves out tied copies (Parameter::tied_copy; the
+/// owning stage saves the tensor), loading fills them too.
+enum class StateUse { Save, Load };
+
+/// The given parameters of this rank as checkpoint entries (the model owns the tensors).
+inline State parameter_state(const std::vector<model::Parameter*>& params, StateUse use) {
+  State s;
+  for (auto* p : params)
+    if (use == StateUse::Load || !p->tied_copy) s.push_back({p->spec, &p->value});
+  return s;
+}
+
+/// Every parameter of a whole model as checkpoint entries.
 template <class Policy>
 State model_state(model::CausalLM<Policy>& m) {
-  State s;
-  for (auto* p : m.parameters()) s.push_back({p->spec, &p->value});
-  return s;
+  return parameter_state(m.parameters(), StateUse::Save);
 }
 
 /// The model config a checkpoint was saved with (files are not verified here; loading does).

@@ -16,13 +16,13 @@
 #include <cstdint>
 #include <exception>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "dsp/comm/communicator.hpp"
+#include "dsp/comm/detail/keep_alive.hpp"
 #include "dsp/core/dtype.hpp"
 #include "dsp/core/error.hpp"
 #include "dsp/model/parameter.hpp"
@@ -109,8 +109,8 @@ class GradBuckets {
     for (auto& b : buckets_) {
       if (b.work.completed()) continue;
       if (std::uncaught_exceptions() > 0) {
-        keep_until_exit(std::move(b.full));  // moved, not copied: the buffers stay where they are
-        keep_until_exit(std::move(b.half));
+        comm::detail::keep_until_exit(std::move(b.full));  // moved, not copied: the buffers stay where they are
+        comm::detail::keep_until_exit(std::move(b.half));
         continue;
       }
       try {
@@ -177,15 +177,6 @@ class GradBuckets {
     std::int64_t reductions = 0;
     comm::Work work;
   };
-
-  // Keeps v's buffer allocated until the process exits (the failure path of the destructor).
-  template <class V>
-  static void keep_until_exit(V v) {
-    static std::mutex mu;
-    static std::vector<std::shared_ptr<void>> kept;
-    std::lock_guard lk(mu);
-    kept.push_back(std::make_shared<V>(std::move(v)));
-  }
 
   void launch_ready() {
     while (next_launch_ < buckets_.size() &&

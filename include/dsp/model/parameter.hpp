@@ -22,6 +22,10 @@ struct Parameter {
   Tensor value;
   Tensor grad;
   bool weight_decay = true;  ///< Megatron: no decay on norms (1-D parameters)
+  /// This rank's copy of a parameter that another pipeline stage owns (the tied output
+  /// embedding on the last stage): trained with the same summed gradient, so equal to the
+  /// owner's; only the owner saves it and counts it in the gradient norm.
+  bool tied_copy = false;
 
   /// Builds the local shard of TP rank `tp_rank` of `tp_size`. Element (global flat index g)
   /// is std * N(0,1) drawn from CounterRng(seed, spec.name) at g, so every layout holds the

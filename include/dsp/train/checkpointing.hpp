@@ -2,7 +2,9 @@
 // Saving and resuming training: parameters, AdamW moments and step (hence the LR position)
 // and the data position, so a resumed run continues with exactly the losses of an
 // uninterrupted one. Parameters and moments are saved as TP shards by data-parallel replica
-// 0; loading reads them at any TP size (the manifest holds every split).
+// 0, one file per (TP rank, pipeline rank) holding that rank's layers under their global
+// names; loading reads them at any TP and PP size (the manifest holds every split, and each
+// rank reads the global tensors of the layers it holds).
 #include <filesystem>
 #include <optional>
 #include <span>
@@ -15,16 +17,18 @@
 namespace dsp::train {
 
 /// Parameters and both AdamW moments ("optimizer.exp_avg.<name>", "optimizer.exp_avg_sq.<name>",
-/// split like the parameter) of this rank.
+/// split like the parameter) of this rank, all its pipeline chunks; for saving without tied
+/// copies (their owner saves them), for loading with them.
 template <class Policy>
-checkpoint::State training_state(Trainer<Policy>& t) {
-  checkpoint::State s = checkpoint::model_state(t.model());
+checkpoint::State training_state(Trainer<Policy>& t, checkpoint::StateUse use) {
+  checkpoint::State s = checkpoint::parameter_state(t.parameters(), use);
   auto& opt = t.optimizer();
   for (std::size_t i = 0; i < opt.parameters().size(); ++i) {
-    const ShardedTensor& spec = opt.parameters()[i]->spec;
+    const model::Parameter& p = *opt.parameters()[i];
+    if (use == checkpoint::StateUse::Save && p.tied_copy) continue;
     for (auto [prefix, moment] : {std::pair{"exp_avg.", &opt.exp_avg(i)}, std::pair{"exp_avg_sq.", &opt.exp_avg_sq(i)}}) {
-      ShardedTensor m = spec;
-      m.name = std::string(checkpoint::optimizer_prefix) + prefix + spec.name;
+      ShardedTensor m = p.spec;
+      m.name = std::string(checkpoint::optimizer_prefix) + prefix + p.spec.name;
       s.push_back({std::move(m), moment});
     }
   }
@@ -50,11 +54,11 @@ void save_checkpoint(const std::filesystem::path& dir, Trainer<Policy>& t) {
     mp.broadcast(std::span(len), 0);
     tmp.resize(static_cast<std::size_t>(len[0]));
     mp.broadcast(std::span(tmp.data(), tmp.size()), 0);
-    checkpoint::write_shard_file(tmp, training_state(t), mesh.tp_size(), mesh.tp_rank(), mesh.pp_rank());
+    checkpoint::write_shard_file(tmp, training_state(t, checkpoint::StateUse::Save), mesh.tp_size(), mesh.tp_rank(), mesh.pp_rank());
     mp.barrier();
     if (mp.rank() == 0) {
       checkpoint::CheckpointMeta meta;
-      meta.model_config = t.model().config().to_hf_json();
+      meta.model_config = t.model_config().to_hf_json();
       meta.layout = mesh.layout();
       meta.iteration = t.iteration();
       meta.extra = {{"sampler", t.sampler().state()}, {"seed", t.config().seed}};
@@ -65,16 +69,16 @@ void save_checkpoint(const std::filesystem::path& dir, Trainer<Policy>& t) {
   mesh.data_group().barrier();  // nobody reads `dir` before it is complete
 }
 
-/// Resumes from `dir` (saved at any TP size): parameters, moments, optimizer step and data
+/// Resumes from `dir` (saved at any TP and PP size): parameters, moments, optimizer step and data
 /// position. Throws CheckpointError for a missing, truncated or corrupted checkpoint or one
 /// of another model config or seed.
 template <class Policy>
 void load_checkpoint(const std::filesystem::path& dir, Trainer<Policy>& t) {
   const checkpoint::Manifest m = checkpoint::read_manifest(dir);  // load_into verifies every file
-  checkpoint::check_model_config(dir, m, t.model().config());
+  checkpoint::check_model_config(dir, m, t.model_config());
   DSP_CHECK_AS(CheckpointError, m.meta.extra.contains("sampler") && m.meta.extra.value("seed", std::uint64_t{0}) == t.config().seed,
                "checkpoint ", dir.string(), " holds no training state for seed ", t.config().seed);
-  checkpoint::load_into(dir, training_state(t), t.mesh().tp_size(), t.mesh().tp_rank());
+  checkpoint::load_into(dir, training_state(t, checkpoint::StateUse::Load), t.mesh().tp_size(), t.mesh().tp_rank());
   t.optimizer().set_steps(m.meta.iteration);
   t.sampler().set_state(m.meta.extra.at("sampler").get<dp::DataSampler::State>());
 }

@@ -1,22 +1,33 @@
 #pragma once
-// Trainer: the data-parallel x tensor-parallel training step.
-//   for each micro-batch of this DP rank: forward, loss, backward (gradients accumulate)
-//   on the last micro-batch: sum replicated K/V gradients over TP and all-reduce gradient
-//   buckets over DP (overlapped with backward when --overlap-grad-reduce; dp/grad_buckets.hpp)
+// Trainer: the tensor x pipeline x data-parallel training step.
+//   this rank's model chunks (pp::PipelineStage, one per virtual stage it holds) run the
+//   step's micro-batches through a pipeline schedule (pp::Engine: GPipe, 1F1B or interleaved
+//   1F1B; with one stage simply forward, backward per micro-batch); gradients accumulate;
+//   on each chunk's last micro-batch: sum replicated K/V gradients over TP and all-reduce
+//   gradient buckets over DP (overlapped with backward when --overlap-grad-reduce);
+//   tied embeddings split over stages: the first and last stage sum their table's gradients
+//   (before that table's DP reduction, so every DP rank and any later optimizer-state
+//   partition sees the complete gradient);
 //   clip the global gradient norm; AdamW with the warmup + cosine learning rate.
 // The loss is normalised by the global number of loss tokens (every micro-batch on every
-// DP rank), so any (TP, DP, micro-batch) split of the same global batch gives the same
+// DP rank), so any (TP, PP, DP, micro-batch) split of the same global batch gives the same
 // update up to floating-point summation order.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <numeric>
 #include <vector>
 
 #include "dsp/core/trace.hpp"
 #include "dsp/dp/data_sampler.hpp"
 #include "dsp/dp/grad_buckets.hpp"
-#include "dsp/model/causal_lm.hpp"
+#include "dsp/model/forward_context.hpp"
+#include "dsp/parallel/device_mesh.hpp"
+#include "dsp/pp/engine.hpp"
+#include "dsp/pp/pipeline_config.hpp"
+#include "dsp/pp/pipeline_stage.hpp"
 #include "dsp/train/token_dataset.hpp"
 #include "dsp/zero/adamw.hpp"
 #include "dsp/zero/grad_clip.hpp"
@@ -38,6 +49,7 @@ struct TrainConfig {
   std::uint64_t seed = 1234;           ///< --seed (parameters and data order)
   std::int64_t eval_iters = 4;         ///< --eval-iters (global batches of validation data)
   dp::DdpConfig ddp;                   ///< --ddp-bucket-size, --overlap-grad-reduce, --grad-reduce-dtype
+  pp::PipelineConfig pipeline;         ///< --pipeline-schedule, --num-layers-per-virtual-pipeline-stage
 };
 
 /// What one optimizer step did.
@@ -48,6 +60,10 @@ struct StepResult {
   float lr = 0.0f;             ///< learning rate used
   std::int64_t tokens = 0;     ///< tokens in the global batch
   double seconds = 0.0;        ///< wall time of the step
+  /// Idle share of the pipeline schedule's run (pp::ScheduleStats), mean over the pipeline
+  /// ranks; 0 with one stage.
+  double bubble_fraction = 0.0;
+  int peak_in_flight = 0;      ///< most micro-batches this rank held forwarded, not yet backwarded
 };
 
 template <class Policy>
@@ -55,58 +71,76 @@ class Trainer {
  public:
   using Backend = typename Policy::Backend;
   using Comm = typename Policy::Comm;
+  using Stage = pp::PipelineStage<Policy>;
 
   /// Collective over the mesh. Throws ConfigError when the model does not split over TP or
-  /// the batch sizes do not divide.
+  /// the pipeline, the batch sizes do not divide, or the schedule does not fit them (e.g.
+  /// interleaved with micro-batches not a multiple of the pipeline size).
   Trainer(const model::ModelConfig& config, const TrainConfig& tc, DeviceMesh<Comm>& mesh, const TokenDataset& data)
       : tc_(tc),
         mesh_(&mesh),
         data_(&data),
-        model_(config, mesh, tc.seed),
-        optimizer_(model_.parameters(), tc.adam),
-        clipper_(model_.parameters(), mesh.tp_size(), mesh.tp_rank()),
-        buckets_(mesh.data_group(), model_.grad_ready_order(), tc.ddp),
+        stages_(make_stages(config, tc, mesh)),
         sampler_(data.train_windows(), tc.micro_batch_size, tc.global_batch_size, mesh.dp_size(), mesh.dp_rank(),
                  tc.seed),
+        engine_(mesh.pipeline_group(),
+                pp::make_schedule(tc.pipeline.schedule_name(), mesh.pp_size(),
+                                  tc.pipeline.virtual_size(config.num_layers, mesh.pp_size()),
+                                  static_cast<int>(sampler_.accumulation_steps())),
+                {tc.micro_batch_size * config.seq_length, config.hidden_size}),
+        optimizer_(parameters(), tc.adam),
+        clipper_(parameters(), mesh.tp_size(), mesh.tp_rank()),
+        buckets_(mesh.data_group(), grad_ready_order(), tc.ddp),
         schedule_{tc.lr, tc.min_lr, tc.lr_warmup_iters, tc.lr_decay_iters > 0 ? tc.lr_decay_iters : tc.train_iters} {
     DSP_CHECK_AS(ConfigError, data.seq_length() == config.seq_length, "data windows of ", data.seq_length(),
                  " tokens do not match --seq-length ", config.seq_length);
     DSP_CHECK_AS(ConfigError, tc.eval_iters >= 1, "--eval-iters must be >= 1, got ", tc.eval_iters);
     DSP_CHECK_AS(ConfigError, data.val_windows() >= tc.global_batch_size, "the validation split holds ",
                  data.val_windows(), " sequences, fewer than one global batch of ", tc.global_batch_size);
+    if (config.tie_word_embeddings && engine_.schedule().num_stages() > 1) {  // first and last stage of each (tp, dp)
+      const int p = mesh.pp_size(), r = mesh.pp_rank();
+      embedding_group_ = std::make_unique<Comm>(mesh.pipeline_group().split(r == 0 || r == p - 1 ? 0 : 1, r));
+    }
   }
 
   /// One optimizer step over the next global batch. Collective over the mesh.
   StepResult train_step() {
     const auto t0 = std::chrono::steady_clock::now();
     trace::Span step_span("train_step", trace::Kind::Compute);
-    model_.zero_grad();
+    for (auto& s : stages_) s->zero_grad();
     const std::int64_t seq = data_->seq_length();
-    struct MicroBatch {
-      std::int64_t sequences;
-      std::vector<std::int32_t> inputs, targets;
-    };
-    std::vector<MicroBatch> micro_batches;
+    std::vector<MicroBatch> micro_batches = next_micro_batches();
     std::vector<double> counts{0.0};  // loss tokens (targets >= 0) of the global batch
-    for (const auto& windows : sampler_.next_global_batch()) {
-      MicroBatch mb{static_cast<std::int64_t>(windows.size()), {}, {}};
-      data_->batch(false, windows, mb.inputs, mb.targets);
-      counts[0] += count_loss_tokens(mb.targets);
-      micro_batches.push_back(std::move(mb));
-    }
+    for (const auto& mb : micro_batches) counts[0] += count_loss_tokens(mb.targets);
     mesh_->data_group().all_reduce(std::span(counts));
     const double loss_tokens = std::max(counts[0], 1.0);
-    std::vector<double> loss_sum{0.0};
-    const typename model::CausalLM<Policy>::GradReadyFn ready = [&](model::Parameter& p) { buckets_.mark_ready(p); };
-    for (auto& mb : micro_batches) {
-      const bool last = &mb == &micro_batches.back();
-      const auto ctx = model::ForwardContext::for_training(mb.sequences, seq);
-      typename model::CausalLM<Policy>::Activations act;
-      const auto loss = model_.forward(ctx, std::move(mb.inputs), std::move(mb.targets), act);
-      loss_sum[0] += std::accumulate(loss.begin(), loss.end(), 0.0);
-      if (last) buckets_.begin_last_micro_batch();
-      model_.backward(act, std::vector<float>(loss.size(), static_cast<float>(1.0 / loss_tokens)), last ? &ready : nullptr);
-    }
+    std::vector<double> loss_sum{0.0};  // on the last stage
+    const typename Stage::GradReadyFn ready = [&](model::Parameter& p) { buckets_.mark_ready(p); };
+    std::map<std::pair<int, int>, typename Stage::Activations> stash;  // (micro-batch, stage)
+    const auto ctx = model::ForwardContext::for_training(tc_.micro_batch_size, seq);
+    typename pp::Engine<Comm>::Hooks hooks;
+    hooks.forward = [&](int m, int s, Tensor x) {
+      Stage& stage = chunk(s);
+      MicroBatch& mb = micro_batches[static_cast<std::size_t>(m)];
+      Tensor out = stage.forward(ctx, stage.layers().pre_process ? std::move(mb.inputs) : std::vector<std::int32_t>{},
+                                 stage.layers().post_process ? std::move(mb.targets) : std::vector<std::int32_t>{},
+                                 std::move(x), stash[{m, s}]);
+      if (stage.layers().post_process) loss_sum[0] += std::accumulate(out.values().begin(), out.values().end(), 0.0);
+      return out;
+    };
+    hooks.backward = [&](int m, int s, Tensor dy, bool last) {
+      Stage& stage = chunk(s);
+      if (stage.layers().post_process) {
+        dy = Tensor({tc_.micro_batch_size * seq});
+        dy.fill(static_cast<float>(1.0 / loss_tokens));
+      }
+      auto it = stash.find({m, s});
+      Tensor dx = stage.backward(it->second, dy, last ? &ready : nullptr);
+      stash.erase(it);
+      return dx;
+    };
+    const pp::ScheduleStats stats = engine_.run(hooks);
+    sum_tied_embedding_grads();
     {
       trace::Span span("grad_buckets.finish", trace::Kind::Comm);
       buckets_.finish();
@@ -121,60 +155,157 @@ class Trainer {
       trace::Span span("optimizer.step", trace::Kind::Compute);
       optimizer_.step(r.lr);
     }
-    mesh_->data_group().all_reduce(std::span(loss_sum));
+    std::vector<double> totals{loss_sum[0], stats.bubble_fraction()};
+    mesh_->data_group().all_reduce(std::span(totals).first(1));
+    mesh_->pipeline_group().all_reduce(std::span(totals));  // the loss from the last stage; bubbles summed
     r.iteration = optimizer_.steps();
-    r.loss = loss_sum[0] / loss_tokens;
+    r.loss = totals[0] / loss_tokens;
     r.tokens = tc_.global_batch_size * seq;
+    r.bubble_fraction = mesh_->pp_size() > 1 ? totals[1] / mesh_->pp_size() : 0.0;
+    r.peak_in_flight = stats.peak_in_flight;
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return r;
   }
 
   /// Mean validation loss (nats/token) over the first min(eval_iters, available) global
   /// batches of the validation split (the same windows every time; at least one batch, checked
-  /// at construction). Collective over the mesh.
+  /// at construction). Forward only, stage after stage. Collective over the mesh.
   double evaluate() {
     const std::int64_t seq = data_->seq_length(), per_rank = tc_.global_batch_size / mesh_->dp_size();
     const std::int64_t batches = std::min(tc_.eval_iters, data_->val_windows() / tc_.global_batch_size);
-    std::vector<double> sums{0.0, 0.0};  // loss sum, tokens
+    const pp::Schedule& sched = engine_.schedule();
+    auto& pipe = mesh_->pipeline_group();
+    std::vector<double> sums{0.0, 0.0};  // loss sum (last stage), tokens
     std::vector<std::int32_t> inputs, targets;
+    const auto ctx = model::ForwardContext::for_training(tc_.micro_batch_size, seq);
     for (std::int64_t b = 0; b < batches; ++b)
       for (std::int64_t m = 0; m < per_rank; m += tc_.micro_batch_size) {
         std::vector<std::int64_t> windows(static_cast<std::size_t>(tc_.micro_batch_size));
         std::iota(windows.begin(), windows.end(), b * tc_.global_batch_size + mesh_->dp_rank() * per_rank + m);
         data_->batch(true, windows, inputs, targets);
-        const auto ctx = model::ForwardContext::for_training(tc_.micro_batch_size, seq);
-        typename model::CausalLM<Policy>::Activations act;
-        const auto loss = model_.forward(ctx, inputs, targets, act);
-        sums[0] += std::accumulate(loss.begin(), loss.end(), 0.0);
         sums[1] += count_loss_tokens(targets);
+        for (int s = 0; s < sched.num_stages(); ++s) {
+          if (sched.rank_of(s) != pipe.rank()) continue;
+          Tensor x;
+          if (s > 0) {
+            x = Tensor({tc_.micro_batch_size * seq, model_config().hidden_size});
+            pipe.recv(x.span(), sched.rank_of(s - 1), pp::kActivationTag);
+          }
+          typename Stage::Activations act;
+          Stage& stage = chunk(s);
+          Tensor out = stage.forward(ctx, inputs, targets, std::move(x), act);
+          if (s + 1 < sched.num_stages())
+            pipe.send(std::span<const float>(out.span()), sched.rank_of(s + 1), pp::kActivationTag);
+          else
+            sums[0] += std::accumulate(out.values().begin(), out.values().end(), 0.0);
+        }
       }
     mesh_->data_group().all_reduce(std::span(sums));
+    mesh_->pipeline_group().all_reduce(std::span(sums).first(1));
     return sums[0] / std::max(sums[1], 1.0);
   }
 
-  model::CausalLM<Policy>& model() { return model_; }
+  /// This rank's model chunks, by chunk index (virtual stage chunk x p + pipeline rank).
+  std::vector<std::unique_ptr<Stage>>& stages() { return stages_; }
+  /// Every parameter of this rank (all chunks), in chunk order.
+  std::vector<model::Parameter*> parameters() {
+    std::vector<model::Parameter*> out;
+    for (auto& s : stages_)
+      for (auto* p : s->parameters()) out.push_back(p);
+    return out;
+  }
+  const model::ModelConfig& model_config() const { return stages_.front()->config(); }
   zero::AdamW<Backend>& optimizer() { return optimizer_; }
   dp::DataSampler& sampler() { return sampler_; }
   const dp::GradBuckets<Comm>& grad_buckets() const { return buckets_; }
+  const pp::Engine<Comm>& engine() const { return engine_; }
   DeviceMesh<Comm>& mesh() { return *mesh_; }
   const TrainConfig& config() const { return tc_; }
   std::int64_t iteration() const { return optimizer_.steps(); }
 
  private:
+  struct MicroBatch {
+    std::vector<std::int32_t> inputs, targets;
+  };
+
   // Targets that carry a loss (ignored positions are < 0).
   static double count_loss_tokens(const std::vector<std::int32_t>& targets) {
     return static_cast<double>(std::count_if(targets.begin(), targets.end(), [](auto t) { return t >= 0; }));
   }
 
+  static std::vector<std::unique_ptr<Stage>> make_stages(const model::ModelConfig& config, const TrainConfig& tc,
+                                                         DeviceMesh<Comm>& mesh) {
+    const int p = mesh.pp_size();
+    const auto layers = tc.pipeline.stages(config.num_layers, p);
+    std::vector<std::unique_ptr<Stage>> out;
+    for (std::size_t s = static_cast<std::size_t>(mesh.pp_rank()); s < layers.size(); s += static_cast<std::size_t>(p))
+      out.push_back(std::make_unique<Stage>(config, mesh.tensor_group(), layers[s], tc.seed));
+    return out;
+  }
+
+  Stage& chunk(int virtual_stage) { return *stages_[static_cast<std::size_t>(engine_.schedule().chunk_of(virtual_stage))]; }
+
+  // The order gradients become final on this rank: chunk after chunk as their last backward
+  // comes in the schedule; a tied table last of all (it waits for the other stage's part).
+  std::vector<model::Parameter*> grad_ready_order() {
+    std::vector<model::Parameter*> out;
+    model::Parameter* tied = nullptr;
+    for (int c : chunks_by_last_backward())
+      for (auto* p : stages_[static_cast<std::size_t>(c)]->grad_ready_order()) {
+        if (p == stages_[static_cast<std::size_t>(c)]->tied_embedding())
+          tied = p;
+        else
+          out.push_back(p);
+      }
+    if (tied) out.push_back(tied);
+    return out;
+  }
+  // Chunks of this rank in the order of their last backward in the schedule.
+  std::vector<int> chunks_by_last_backward() const {
+    const pp::Schedule& sched = engine_.schedule();
+    const auto& actions = sched.ranks[static_cast<std::size_t>(mesh_->pp_rank())];
+    std::vector<std::size_t> last(stages_.size(), 0);
+    for (std::size_t i = 0; i < actions.size(); ++i)
+      if (actions[i].op == pp::Op::Backward) last[static_cast<std::size_t>(sched.chunk_of(actions[i].stage))] = i;
+    std::vector<int> order(stages_.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](int a, int b) { return last[static_cast<std::size_t>(a)] < last[static_cast<std::size_t>(b)]; });
+    return order;
+  }
+
+  std::vector<MicroBatch> next_micro_batches() {
+    std::vector<MicroBatch> out;
+    for (const auto& windows : sampler_.next_global_batch()) {
+      MicroBatch mb;
+      data_->batch(false, windows, mb.inputs, mb.targets);
+      out.push_back(std::move(mb));
+    }
+    return out;
+  }
+
+  // Tied embeddings over stages: the first and last stage sum their table's gradient, then
+  // it is final (its DP bucket may start).
+  void sum_tied_embedding_grads() {
+    if (!embedding_group_) return;
+    for (auto& s : stages_)
+      if (model::Parameter* t = s->tied_embedding()) {
+        trace::Span span("tied_embedding.all_reduce", trace::Kind::Comm);
+        embedding_group_->all_reduce(t->grad.span());
+        buckets_.mark_ready(*t);
+      }
+  }
+
   TrainConfig tc_;
   DeviceMesh<Comm>* mesh_;
   const TokenDataset* data_;
-  model::CausalLM<Policy> model_;
+  std::vector<std::unique_ptr<Stage>> stages_;
+  dp::DataSampler sampler_;
+  pp::Engine<Comm> engine_;
   zero::AdamW<Backend> optimizer_;
   zero::GradClipper<Backend> clipper_;
   dp::GradBuckets<Comm> buckets_;
-  dp::DataSampler sampler_;
   zero::WarmupCosine schedule_;
+  std::unique_ptr<Comm> embedding_group_;  // first and last pipeline rank (tied embeddings over stages)
 };
 
 }  // namespace dsp::train

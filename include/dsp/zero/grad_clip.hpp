@@ -1,7 +1,8 @@
 #pragma once
 // Global gradient-norm clipping (Pascanu et al. 2013) over tensor-parallel shards. Each
 // global element counts once: replicated parameters only on TP rank 0, K/V heads replicated
-// across TP ranks only on the first rank holding them (ShardedTensor::owned).
+// across TP ranks only on the first rank holding them (ShardedTensor::owned); a tied
+// embedding held by two pipeline stages only on the first.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -16,6 +17,8 @@ template <class Backend>
 class GradClipper {
  public:
   /// params: this rank's shards; tp_size/tp_rank: its place in the tensor-parallel group.
+  /// A tied copy (Parameter::tied_copy) is scaled but left out of the norm: its owner
+  /// counts it.
   GradClipper(std::vector<model::Parameter*> params, int tp_size, int tp_rank) : params_(std::move(params)) {
     for (auto* p : params_) {
       auto w = ownership_weights(p->spec, tp_size, tp_rank);
@@ -31,7 +34,8 @@ class GradClipper {
   float global_norm(Comm& mp) const {
     std::vector<double> sq{0.0};  // fp64 sum of squares, summed over the group in fp64
     for (std::size_t i = 0; i < params_.size(); ++i)
-      sq[0] += sum_squares(Backend{}, params_[i]->grad.numel(), params_[i]->grad.data(),
+      if (!params_[i]->tied_copy)
+        sq[0] += sum_squares(Backend{}, params_[i]->grad.numel(), params_[i]->grad.data(),
                            weights_[i].empty() ? nullptr : weights_[i].data());
     mp.all_reduce(std::span(sq));
     return static_cast<float>(std::sqrt(sq[0]));

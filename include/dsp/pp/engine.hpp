@@ -1,0 +1,183 @@
+#pragma once
+// pp::Engine: runs one rank's action list of a validated pipeline Schedule over the pipeline
+// group. Receives are posted asynchronously when their Recv action is reached (the schedules
+// post each one a compute action ahead, so the transfer overlaps the previous compute) and
+// waited for by the compute that consumes them; sends are buffered by every communicator, so
+// they never wait. What a forward or backward computes is the caller's (Hooks): the engine
+// only moves the tensors at stage boundaries and keeps the outputs until they are sent.
+//
+// Bubble: busy time is the time inside the hooks; everything else in a run (waiting for a
+// peer's activation or gradient, posting and sending) is idle. bubble_fraction = 1 - busy /
+// wall time of the run (Narayanan et al., SC'21, section 2.2: (p-1)/(m+p-1) in theory for
+// GPipe and 1F1B with uniform stages, see theoretical_bubble_fraction).
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <span>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "dsp/comm/communicator.hpp"
+#include "dsp/comm/detail/keep_alive.hpp"
+#include "dsp/core/tensor.hpp"
+#include "dsp/core/trace.hpp"
+#include "dsp/pp/schedule.hpp"
+
+namespace dsp::pp {
+
+/// What one run of a schedule did on this rank.
+struct ScheduleStats {
+  double seconds = 0.0;       ///< wall time of the run, seconds
+  double busy_seconds = 0.0;  ///< time inside forward and backward hooks, seconds
+  int peak_in_flight = 0;     ///< most micro-batches forwarded and not yet backwarded at once (all chunks)
+  /// Idle share of the run: 1 - busy / wall (0 for an empty run).
+  double bubble_fraction() const { return seconds > 0.0 ? 1.0 - busy_seconds / seconds : 0.0; }
+};
+
+/// Message tags on the pipeline group: one per direction, so each (peer, direction) is a
+/// channel matched in order (what validate() checks the schedules against).
+inline constexpr int kActivationTag = 1;
+inline constexpr int kGradTag = 2;
+
+template <comm::Communicator Comm>
+class Engine {
+ public:
+  /// The computations a schedule runs; called on this rank's thread in schedule order.
+  struct Hooks {
+    /// Forward of micro-batch mb on virtual stage `stage`: input = the previous stage's output
+    /// (boundary shape; empty on stage 0). Returns the output for the next stage (boundary
+    /// shape; ignored on the last stage).
+    std::function<Tensor(int mb, int stage, Tensor input)> forward;
+    /// Backward of mb on `stage`: grad_output = dL/d(output) from the next stage (boundary
+    /// shape; empty on the last stage); last: this is the stage's last backward of the run
+    /// (the step's gradients become final in it). Returns dL/d(input) for the previous stage
+    /// (boundary shape; ignored on stage 0).
+    std::function<Tensor(int mb, int stage, Tensor grad_output, bool last)> backward;
+  };
+
+  /// pipeline: the group of the schedule's p ranks (rank r runs schedule.ranks[r]).
+  /// boundary_shape: shape of every activation and gradient crossing stages, e.g.
+  /// [micro_batch * seq, hidden]. Validates the schedule (pp::validate). Throws ConfigError
+  /// when it is invalid or its pipeline size is not the group's size.
+  Engine(Comm& pipeline, Schedule schedule, Shape boundary_shape)
+      : pipeline_(&pipeline), schedule_(std::move(schedule)), boundary_(std::move(boundary_shape)) {
+    DSP_CHECK_AS(ConfigError, schedule_.pipeline_size == pipeline.size(), "schedule for ", schedule_.pipeline_size,
+                 " pipeline ranks run on a pipeline group of ", pipeline.size());
+    validate(schedule_);
+    const auto& actions = schedule_.ranks[static_cast<std::size_t>(pipeline.rank())];
+    for (std::size_t i = 0; i < actions.size(); ++i)
+      if (actions[i].op == Op::Backward) last_backward_[actions[i].stage] = i;
+  }
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  /// Runs this rank's actions once (one training step's micro-batches). Collective over the
+  /// pipeline group. Rethrows a hook's exception; a peer's failure surfaces as the
+  /// communicator's AbortedError / CommError from the receive waiting for it.
+  ScheduleStats run(const Hooks& hooks) {
+    using clock = std::chrono::steady_clock;
+    const auto t0 = clock::now();
+    ScheduleStats stats;
+    Inbox inbox;
+    std::map<Key, Tensor> outbox;  // computed, not yet sent
+    int in_flight = 0;
+    const int me = pipeline_->rank();
+    const auto& actions = schedule_.ranks[static_cast<std::size_t>(me)];
+    const auto timed = [&](auto&& f) {
+      const auto start = clock::now();
+      Tensor out = f();
+      stats.busy_seconds += std::chrono::duration<double>(clock::now() - start).count();
+      return out;
+    };
+    for (std::size_t i = 0; i < actions.size(); ++i) {
+      const Action& a = actions[i];
+      const Key key{a.micro_batch, a.stage};
+      switch (a.op) {
+        case Op::RecvActivation:
+          inbox.post(*pipeline_, boundary_, {a.micro_batch, a.stage, kActivationTag}, schedule_.rank_of(a.stage - 1));
+          break;
+        case Op::RecvGrad:
+          inbox.post(*pipeline_, boundary_, {a.micro_batch, a.stage, kGradTag}, schedule_.rank_of(a.stage + 1));
+          break;
+        case Op::Forward: {
+          Tensor in = a.stage > 0 ? inbox.take({a.micro_batch, a.stage, kActivationTag}) : Tensor{};
+          Tensor out = timed([&] { return hooks.forward(a.micro_batch, a.stage, std::move(in)); });
+          stats.peak_in_flight = std::max(stats.peak_in_flight, ++in_flight);
+          if (a.stage + 1 < schedule_.num_stages()) outbox[key] = std::move(out);
+          break;
+        }
+        case Op::Backward: {
+          const bool last = last_backward_.at(a.stage) == i;
+          Tensor dy = a.stage + 1 < schedule_.num_stages() ? inbox.take({a.micro_batch, a.stage, kGradTag}) : Tensor{};
+          Tensor dx = timed([&] { return hooks.backward(a.micro_batch, a.stage, std::move(dy), last); });
+          --in_flight;
+          if (a.stage > 0) outbox[key] = std::move(dx);
+          break;
+        }
+        case Op::SendActivation:
+        case Op::SendGrad: {
+          const bool fwd = a.op == Op::SendActivation;
+          auto it = outbox.find(key);
+          DSP_CHECK(it != outbox.end(), "pipeline: ", to_string(a), " before its computation");
+          check_boundary(it->second, a);
+          pipeline_->send(std::span<const float>(it->second.span()), schedule_.rank_of(a.stage + (fwd ? 1 : -1)),
+                          fwd ? kActivationTag : kGradTag);
+          outbox.erase(it);
+          break;
+        }
+      }
+    }
+    stats.seconds = std::chrono::duration<double>(clock::now() - t0).count();
+    return stats;
+  }
+
+  const Schedule& schedule() const { return schedule_; }
+
+ private:
+  using Key = std::pair<int, int>;  // (micro-batch, virtual stage)
+
+  // Posted receives, by (micro-batch, stage, tag). While an exception unwinds the rank, the
+  // buffers of receives still pending outlive it (their peers may still write them).
+  struct Inbox {
+    struct Pending {
+      Tensor buffer;
+      comm::Work work;
+    };
+    std::map<std::tuple<int, int, int>, Pending> pending;
+
+    void post(Comm& c, const Shape& shape, std::tuple<int, int, int> key, int src) {
+      Pending& p = pending[key];
+      p.buffer = Tensor(shape);
+      p.work = c.recv_async(p.buffer.span(), src, std::get<2>(key));
+    }
+    Tensor take(std::tuple<int, int, int> key) {
+      auto it = pending.find(key);
+      DSP_CHECK(it != pending.end(), "pipeline: micro-batch ", std::get<0>(key), " of stage ", std::get<1>(key),
+                " was never received");
+      it->second.work.wait();
+      Tensor t = std::move(it->second.buffer);
+      pending.erase(it);
+      return t;
+    }
+    ~Inbox() {
+      for (auto& [key, p] : pending) {
+        if (p.work.completed()) continue;
+        comm::detail::keep_until_exit(std::move(p.buffer));
+      }
+    }
+  };
+
+  void check_boundary(const Tensor& t, const Action& a) const {
+    DSP_CHECK(t.shape() == boundary_, "pipeline: ", to_string(a), " carries a tensor of shape ", shape_str(t.shape()),
+              ", the stage boundary is ", shape_str(boundary_));
+  }
+
+  Comm* pipeline_;
+  Schedule schedule_;
+  Shape boundary_;
+  std::map<int, std::size_t> last_backward_;  // virtual stage -> index of its last Backward
+};
+
+}  // namespace dsp::pp

@@ -1,0 +1,209 @@
+#pragma once
+// PipelineStage: the part of the decoder one pipeline rank runs for one (virtual) stage: a
+// contiguous range of global layers, plus the embedding on the first stage and the final
+// RMSNorm, output layer and vocab-parallel cross-entropy on the last (Megatron's GPTModel with
+// pre_process / post_process). Every part is tensor-parallel over the stage's TP group. The
+// whole model is the stage that holds every layer and both ends (model::CausalLM).
+//
+// Tied input/output embeddings over several stages: the last stage holds its own copy of
+// model.embed_tokens.weight (initialised from the same (seed, name), so equal to the first
+// stage's), marked Parameter::tied_copy. Its gradient and the first stage's are summed by the
+// trainer between the two stages before the data-parallel reduction, so both copies take the
+// same optimizer step and stay equal; only the first stage saves it and counts it in norms.
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dsp/core/trace.hpp"
+#include "dsp/model/decoder_block.hpp"
+#include "dsp/pp/layer_split.hpp"
+#include "dsp/tp/vocab_parallel_cross_entropy.hpp"
+#include "dsp/tp/vocab_parallel_embedding.hpp"
+
+namespace dsp::pp {
+
+template <class Policy>
+class PipelineStage {
+ public:
+  using Backend = typename Policy::Backend;
+  using Comm = typename Policy::Comm;
+  using Parameter = model::Parameter;
+
+  /// Activations of one micro-batch on this stage, kept between its forward and its backward
+  /// (one per micro-batch in flight).
+  struct Activations {
+    model::ForwardContext ctx;
+    std::vector<std::int32_t> ids, targets;
+    std::vector<typename model::DecoderBlock<Policy>::Saved> blocks;
+    typename model::RMSNorm<Policy>::Saved final_norm;
+    Tensor normed, logits;
+    typename tp::VocabParallelCrossEntropy<Policy>::Saved loss;
+  };
+
+  /// Builds this rank's shards of the stage's layers [layers.first_layer, + num_layers) with
+  /// their global names. Collective over `tp` (K/V replica groups are split from it). Throws
+  /// ConfigError (naming the numbers) when the config does not split over tp.size() or the
+  /// layer range lies outside the model.
+  PipelineStage(const model::ModelConfig& config, Comm& tp, StageLayers layers, std::uint64_t seed)
+      : config_(checked(config, tp.size(), layers)), layers_(layers), tp_(&tp), loss_(tp, config.vocab_size) {
+    if (config.num_query_groups < tp.size())  // ranks sharing one K/V head
+      kv_replicas_ = std::make_unique<Comm>(
+          tp.split(static_cast<int>(tp.rank() * config.num_query_groups / tp.size()), tp.rank()));
+    const model::Init normal{model::Init::Normal, config.init_method_std};
+    if (layers.pre_process) embed_.emplace(tp, embed_name, config.vocab_size, config.hidden_size, normal, seed);
+    for (std::int64_t l = layers.first_layer; l < layers.first_layer + layers.num_layers; ++l)
+      blocks_.push_back(std::make_unique<model::DecoderBlock<Policy>>(tp, config, l, seed));
+    if (!layers.post_process) return;
+    final_norm_.emplace("model.norm.weight", config.hidden_size, config.norm_epsilon, tp.size(), tp.rank());
+    if (!config.tie_word_embeddings) {
+      lm_head_.emplace(tp, ShardedTensor::vocab("lm_head.weight", {config.vocab_size, config.hidden_size}), normal, seed);
+      return;
+    }
+    Parameter* table = &embed_->weight();
+    if (!layers.pre_process) {  // tied over stages: this stage's copy of the first stage's table
+      tied_copy_ = std::make_unique<Parameter>(ShardedTensor::vocab(embed_name, {config.vocab_size, config.hidden_size}),
+                                               normal, seed, tp.size(), tp.rank());
+      tied_copy_->tied_copy = true;
+      table = tied_copy_.get();
+    }
+    lm_head_.emplace(tp, *table);
+  }
+
+  PipelineStage(const PipelineStage&) = delete;  // layers hold pointers into the stage
+  PipelineStage& operator=(const PipelineStage&) = delete;
+
+  /// Training forward of one micro-batch. First stage: embeds `ids` [batch * seq] (x unused);
+  /// other stages: x = hidden states [batch * seq, hidden] from the previous stage. Last stage:
+  /// returns the per-token loss [batch * seq] in nats (0 where target < 0; needs `targets`);
+  /// other stages: hidden states [batch * seq, hidden] for the next stage. Keeps activations
+  /// in `act` for backward. Throws InputError for a token id outside the vocabulary.
+  Tensor forward(const model::ForwardContext& ctx, std::vector<std::int32_t> ids, std::vector<std::int32_t> targets,
+                 Tensor x, Activations& act) {
+    trace::Span span("forward", trace::Kind::Compute);
+    act.ctx = ctx;
+    act.ids = std::move(ids);
+    act.targets = std::move(targets);
+    act.blocks.resize(blocks_.size());
+    if (embed_) x = embed_->forward(act.ids);
+    DSP_CHECK(x.rank() == 2 && x.dim(0) == ctx.tokens() && x.dim(1) == config_.hidden_size, "pipeline stage input ",
+              shape_str(x.shape()), " is not [", ctx.tokens(), ", ", config_.hidden_size, "]");
+    for (std::size_t l = 0; l < blocks_.size(); ++l) x = blocks_[l]->forward(ctx, x, &act.blocks[l]);
+    if (!layers_.post_process) return x;
+    act.normed = final_norm_->forward(x, &act.final_norm);
+    act.logits = lm_head_->forward(act.normed);
+    auto loss = loss_.forward(act.logits, act.targets, act.loss);
+    const auto n = static_cast<std::int64_t>(loss.size());
+    return Tensor({n}, std::move(loss));
+  }
+
+  /// Called by backward for each parameter whose gradient is final for the step.
+  using GradReadyFn = std::function<void(Parameter&)>;
+
+  /// Backward of one micro-batch: dy = dL/dloss per token [batch * seq] on the last stage
+  /// (e.g. 1 / global loss tokens), else dL/d(this stage's output) [batch * seq, hidden].
+  /// Accumulates into every parameter's grad and returns dL/d(input hidden states)
+  /// [batch * seq, hidden] (empty on the first stage). Frees the activations.
+  /// On the last micro-batch of a step pass `on_grad_ready`: backward then also sums, layer
+  /// by layer, the partial gradients of K/V heads replicated over TP ranks (kv heads < TP;
+  /// collective over the TP group) and calls on_grad_ready(p) for every parameter as soon as
+  /// its gradient for the step is final, in grad_ready_order(), except the tied embedding of
+  /// a model split over stages (tied_embedding()), whose gradient is final only once the
+  /// caller summed it between the first and last stage.
+  Tensor backward(Activations& act, const Tensor& dy, const GradReadyFn* on_grad_ready = nullptr) {
+    trace::Span span("backward", trace::Kind::Compute);
+    const auto ready = [&](Parameter& p) {
+      if (on_grad_ready && &p != tied_embedding()) (*on_grad_ready)(p);
+    };
+    Tensor dx = dy;
+    if (layers_.post_process) {
+      dx = lm_head_->backward(act.normed, loss_.backward(act.logits, act.targets, dy.values(), act.loss));
+      if (!config_.tie_word_embeddings) ready(lm_head_->weight());
+      dx = final_norm_->backward(dx, act.final_norm);
+      ready(final_norm_->weight());
+    }
+    for (std::size_t l = blocks_.size(); l-- > 0;) {
+      dx = blocks_[l]->backward(act.ctx, dx, act.blocks[l]);
+      if (!on_grad_ready) continue;
+      if (kv_replicas_) kv_replicas_->all_reduce(blocks_[l]->replicated_kv_grad());
+      for (auto* p : blocks_[l]->parameters()) ready(*p);
+    }
+    if (embed_) {
+      embed_->backward(act.ids, dx);
+      ready(embed_->weight());
+      dx = Tensor{};
+    }
+    act = Activations{};
+    return dx;
+  }
+
+  /// Every parameter of this stage once, in a fixed order (a tied table appears once; on the
+  /// last stage of a split model its copy comes last).
+  std::vector<Parameter*> parameters() {
+    std::vector<Parameter*> p;
+    if (embed_) p.push_back(&embed_->weight());
+    for (auto& b : blocks_)
+      for (auto* q : b->parameters()) p.push_back(q);
+    if (final_norm_) p.push_back(&final_norm_->weight());
+    if (lm_head_ && !config_.tie_word_embeddings) p.push_back(&lm_head_->weight());
+    if (tied_copy_) p.push_back(tied_copy_.get());
+    return p;
+  }
+  /// parameters() in the order backward finishes their gradients: the output layer (when
+  /// untied), the final norm, the blocks from the last to the first, the embedding or its
+  /// tied copy (last: a tied table's gradient is final only after the output layer's part and,
+  /// over stages, the sum between stages).
+  std::vector<Parameter*> grad_ready_order() {
+    std::vector<Parameter*> p;
+    if (lm_head_ && !config_.tie_word_embeddings) p.push_back(&lm_head_->weight());
+    if (final_norm_) p.push_back(&final_norm_->weight());
+    for (std::size_t l = blocks_.size(); l-- > 0;)
+      for (auto* q : blocks_[l]->parameters()) p.push_back(q);
+    if (tied_copy_) p.push_back(tied_copy_.get());
+    if (embed_) p.push_back(&embed_->weight());
+    return p;
+  }
+
+  /// The embedding table whose gradient must be summed with another stage's before the
+  /// step: the first stage's table or the last stage's copy when the embeddings are tied and
+  /// the model is split over stages; null otherwise.
+  Parameter* tied_embedding() {
+    if (!config_.tie_word_embeddings || (layers_.pre_process && layers_.post_process)) return nullptr;
+    if (tied_copy_) return tied_copy_.get();
+    return embed_ ? &embed_->weight() : nullptr;
+  }
+
+  void zero_grad() {
+    for (auto* p : parameters()) p->grad.zero();
+  }
+
+  const model::ModelConfig& config() const { return config_; }
+  const StageLayers& layers() const { return layers_; }
+  Comm& tensor_group() { return *tp_; }
+
+  static constexpr const char* embed_name = "model.embed_tokens.weight";
+
+ protected:
+  static const model::ModelConfig& checked(const model::ModelConfig& c, int tp, const StageLayers& layers) {
+    c.validate(tp);
+    DSP_CHECK_AS(ConfigError, layers.first_layer >= 0 && layers.num_layers >= 0 &&
+                                  layers.first_layer + layers.num_layers <= c.num_layers,
+                 "stage layers [", layers.first_layer, ", ", layers.first_layer + layers.num_layers,
+                 ") lie outside the model's ", c.num_layers, " layers");
+    return c;
+  }
+
+  model::ModelConfig config_;
+  StageLayers layers_;
+  Comm* tp_;
+  std::optional<tp::VocabParallelEmbedding<Policy>> embed_;
+  std::vector<std::unique_ptr<model::DecoderBlock<Policy>>> blocks_;
+  std::optional<model::RMSNorm<Policy>> final_norm_;
+  std::unique_ptr<Parameter> tied_copy_;
+  std::optional<tp::ColumnParallelLinear<Policy>> lm_head_;
+  tp::VocabParallelCrossEntropy<Policy> loss_;
+  std::unique_ptr<Comm> kv_replicas_;
+};
+
+}  // namespace dsp::pp
