@@ -17,7 +17,7 @@ Tensor gather_global(Comm& tp, const ShardedTensor& spec, const Tensor& local) {
   Tensor all({n, size}), global;
   tp.all_gather(std::span<const float>(local.span()), all.span());
   for (int r = 0; r < n; ++r)
-    unshard_into(spec, Tensor(local.shape(), {all.data() + r * size, all.data() + (r + 1) * size}), n, r, global);
+    unshard_into(spec, Tensor(local.shape(), Tensor::Storage(all.data() + r * size, all.data() + (r + 1) * size)), n, r, global);
   return global;
 }
 

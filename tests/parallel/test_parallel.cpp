@@ -104,5 +104,5 @@ TEST_CASE("vocabulary padding rows are marked -1 and stay zero") {
   Tensor global({5, 2});
   global.fill(3.0f);
   const Tensor last = shard_of(spec, global, 4, 2);
-  CHECK(last.values() == std::vector<float>{3.0f, 3.0f, 0.0f, 0.0f});
+  CHECK(last.values() == Tensor::Storage{3.0f, 3.0f, 0.0f, 0.0f});
 }

@@ -4,12 +4,14 @@
 // CUDA backend (a later issue) brings its own storage.
 #include <cstdint>
 #include <initializer_list>
+#include <memory>
 #include <numeric>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "dsp/core/error.hpp"
+#include "dsp/core/memory.hpp"
 
 namespace dsp {
 
@@ -46,12 +48,18 @@ class TensorView {
   Shape shape_;
 };
 
-/// Owning contiguous fp32 tensor, zero-initialised. Copyable (deep) and movable.
+/// Owning contiguous fp32 tensor, zero-initialised. Copyable (deep) and movable. Its storage is
+/// counted by dsp::memory (live and peak bytes of the allocating thread).
 class Tensor {
  public:
+  using Storage = std::vector<float, memory::CountingAllocator<float>>;
+
   Tensor() = default;
   explicit Tensor(Shape shape) : shape_(std::move(shape)), data_(static_cast<std::size_t>(dsp::numel(shape_)), 0.0f) {}
-  Tensor(Shape shape, std::vector<float> values) : shape_(std::move(shape)), data_(std::move(values)) {
+  /// Throws Error when the values do not fill the shape.
+  Tensor(Shape shape, const std::vector<float>& values) : Tensor(std::move(shape), Storage(values.begin(), values.end())) {}
+  Tensor(Shape shape, std::initializer_list<float> values) : Tensor(std::move(shape), Storage(values)) {}
+  Tensor(Shape shape, Storage values) : shape_(std::move(shape)), data_(std::move(values)) {
     DSP_CHECK(static_cast<std::int64_t>(data_.size()) == dsp::numel(shape_), "Tensor: ", data_.size(),
               " values do not fill shape ", shape_str(shape_));
   }
@@ -67,8 +75,8 @@ class Tensor {
   std::span<const float> span() const { return data_; }
   float& operator[](std::int64_t i) { return data_[static_cast<std::size_t>(i)]; }
   float operator[](std::int64_t i) const { return data_[static_cast<std::size_t>(i)]; }
-  std::vector<float>& values() { return data_; }
-  const std::vector<float>& values() const { return data_; }
+  Storage& values() { return data_; }
+  const Storage& values() const { return data_; }
 
   /// Same elements, new shape; throws Error when the element counts differ.
   Tensor& reshape(Shape shape) {
@@ -84,7 +92,7 @@ class Tensor {
 
  private:
   Shape shape_;
-  std::vector<float> data_;
+  Storage data_;
 };
 
 }  // namespace dsp

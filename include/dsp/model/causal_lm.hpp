@@ -32,7 +32,8 @@ class CausalLM : public pp::PipelineStage<Policy> {
   /// [batch * seq] in nats (0 where target < 0). Keeps activations in `act` for backward.
   std::vector<float> forward(const ForwardContext& ctx, std::vector<std::int32_t> ids, std::vector<std::int32_t> targets,
                              Activations& act) {
-    return std::move(Base::forward(ctx, std::move(ids), std::move(targets), Tensor{}, act).values());
+    const Tensor loss = Base::forward(ctx, std::move(ids), std::move(targets), Tensor{}, act);
+    return {loss.values().begin(), loss.values().end()};
   }
 
   /// Backward of one micro-batch given dL/dloss per token [batch * seq]; see

@@ -93,9 +93,8 @@ class PipelineStage {
     if (!layers_.post_process) return x;
     act.normed = final_norm_->forward(x, &act.final_norm);
     act.logits = lm_head_->forward(act.normed);
-    auto loss = loss_.forward(act.logits, act.targets, act.loss);
-    const auto n = static_cast<std::int64_t>(loss.size());
-    return Tensor({n}, std::move(loss));
+    const auto loss = loss_.forward(act.logits, act.targets, act.loss);
+    return Tensor({static_cast<std::int64_t>(loss.size())}, loss);
   }
 
   /// Called by backward for each parameter whose gradient is final for the step.
@@ -118,7 +117,7 @@ class PipelineStage {
     };
     Tensor dx = dy;
     if (layers_.post_process) {
-      dx = lm_head_->backward(act.normed, loss_.backward(act.logits, act.targets, dy.values(), act.loss));
+      dx = lm_head_->backward(act.normed, loss_.backward(act.logits, act.targets, dy.span(), act.loss));
       if (!config_.tie_word_embeddings) ready(lm_head_->weight());
       dx = final_norm_->backward(dx, act.final_norm);
       ready(final_norm_->weight());

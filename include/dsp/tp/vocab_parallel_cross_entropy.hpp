@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "dsp/backend/host/cross_entropy.hpp"
@@ -53,7 +54,7 @@ class VocabParallelCrossEntropy {
   }
 
   /// dloss [tokens] -> dlogits, shaped like forward's logits (this rank's columns).
-  Tensor backward(const Tensor& logits, const std::vector<std::int32_t>& targets, const std::vector<float>& dloss,
+  Tensor backward(const Tensor& logits, const std::vector<std::int32_t>& targets, std::span<const float> dloss,
                   const Saved& saved) const {
     const std::int64_t n = logits.dim(0), cols = logits.dim(1);
     Tensor dlogits(logits.shape());

@@ -20,6 +20,7 @@
 #include <numeric>
 #include <vector>
 
+#include "dsp/core/memory.hpp"
 #include "dsp/core/trace.hpp"
 #include "dsp/dp/data_sampler.hpp"
 #include "dsp/dp/grad_buckets.hpp"
@@ -64,6 +65,10 @@ struct StepResult {
   /// ranks; 0 with one stage.
   double bubble_fraction = 0.0;
   int peak_in_flight = 0;      ///< most micro-batches this rank held forwarded, not yet backwarded
+  /// Measured peak of tensor bytes this rank's thread held during the schedule above what it
+  /// held before it (dsp::memory): stashed activations of the micro-batches in flight plus
+  /// the temporaries of the layer running.
+  std::int64_t peak_activation_bytes = 0;
 };
 
 template <class Policy>
@@ -139,7 +144,10 @@ class Trainer {
       stash.erase(it);
       return dx;
     };
+    const std::int64_t held_before = memory::live_bytes();
+    memory::reset_peak();
     const pp::ScheduleStats stats = engine_.run(hooks);
+    const std::int64_t peak_activation_bytes = memory::peak_bytes() - held_before;
     sum_tied_embedding_grads();
     {
       trace::Span span("grad_buckets.finish", trace::Kind::Comm);
@@ -163,6 +171,7 @@ class Trainer {
     r.tokens = tc_.global_batch_size * seq;
     r.bubble_fraction = mesh_->pp_size() > 1 ? totals[1] / mesh_->pp_size() : 0.0;
     r.peak_in_flight = stats.peak_in_flight;
+    r.peak_activation_bytes = peak_activation_bytes;
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return r;
   }
