@@ -46,11 +46,7 @@ class CausalLM : public pp::PipelineStage<Policy> {
   /// Inference forward: ids [batch * seq] at ctx.positions (appending to ctx.cache when set)
   /// -> this rank's logits [batch * seq, vocab_padded / tp]; padding columns are garbage-free
   /// zeros-weight logits that callers must mask (see padded_vocab()).
-  Tensor logits(const ForwardContext& ctx, const std::vector<std::int32_t>& ids) {
-    Tensor x = this->embed_->forward(ids);
-    for (auto& b : this->blocks_) x = b->forward(ctx, x, nullptr);
-    return this->lm_head_->forward(this->final_norm_->forward(x, nullptr));
-  }
+  Tensor logits(const ForwardContext& ctx, const std::vector<std::int32_t>& ids) { return this->infer(ctx, ids, Tensor{}); }
 
   std::int64_t kv_heads_local() const { return this->blocks_.front()->kv_heads_local(); }
   /// Vocabulary rounded up to a multiple of TP (columns of the gathered logits).

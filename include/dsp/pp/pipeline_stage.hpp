@@ -137,6 +137,17 @@ class PipelineStage {
     return dx;
   }
 
+  /// Inference forward (no activations kept): first stage embeds `ids` [batch * seq], others
+  /// take x = hidden states [batch * seq, hidden]; tokens at ctx.positions (appending to
+  /// ctx.cache when set). Returns the hidden states for the next stage, or on the last stage
+  /// this rank's logits [batch * seq, vocab_padded / tp] (padding columns must be masked).
+  Tensor infer(const model::ForwardContext& ctx, const std::vector<std::int32_t>& ids, Tensor x) {
+    if (embed_) x = embed_->forward(ids);
+    for (auto& b : blocks_) x = b->forward(ctx, x, nullptr);
+    if (!layers_.post_process) return x;
+    return lm_head_->forward(final_norm_->forward(x, nullptr));
+  }
+
   /// Every parameter of this stage once, in a fixed order (a tied table appears once; on the
   /// last stage of a split model its copy comes last).
   std::vector<Parameter*> parameters() {

@@ -1,0 +1,113 @@
+// A checkpoint saved at PP=2 loads at PP=1 and at PP=4 and gives the logits of the model that
+// saved it. Reference: the PP=2 trainer's own stages run forward on the same tokens before
+// saving. Tolerance 1e-5 relative: the same parameters run the same ops, so only a different
+// stage boundary could change rounding (in practice the logits are bit-identical).
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <mutex>
+
+#include "dsp/backend/host.hpp"
+#include "dsp/checkpoint/model_io.hpp"
+#include "dsp/comm/launch.hpp"
+#include "dsp/policy.hpp"
+#include "dsp/train/checkpointing.hpp"
+#include "../train/small_model.hpp"
+
+using namespace dsp;
+using P = Policy<backend::Host, comm::ThreadComm>;
+
+namespace {
+
+const std::vector<std::int32_t> kTokens = {70, 105, 114, 115, 116, 32, 67, 105, 116, 105, 122, 101, 110, 58};
+
+// Logits [tokens, vocab] of the trainer's pipeline on kTokens (TP1): the stages run `infer`
+// in order, handing hidden states over the pipeline group; the last stage's rank returns them.
+Tensor pipeline_logits(train::Trainer<P>& t) {
+  const auto& sched = t.engine().schedule();
+  auto& pipe = t.mesh().pipeline_group();
+  auto ctx = model::ForwardContext::for_training(1, static_cast<std::int64_t>(kTokens.size()));
+  ctx.training = false;
+  Tensor x;
+  for (int s = 0; s < sched.num_stages(); ++s) {
+    if (sched.rank_of(s) != pipe.rank()) continue;
+    if (s > 0) {
+      x = Tensor({ctx.tokens(), t.model_config().hidden_size});
+      pipe.recv(x.span(), sched.rank_of(s - 1), pp::kActivationTag);
+    }
+    x = t.stages()[static_cast<std::size_t>(sched.chunk_of(s))]->infer(ctx, kTokens, std::move(x));
+    if (s + 1 < sched.num_stages()) pipe.send(std::span<const float>(x.span()), sched.rank_of(s + 1), pp::kActivationTag);
+  }
+  return sched.rank_of(sched.num_stages() - 1) == pipe.rank() ? x : Tensor{};
+}
+
+double relative_diff(const Tensor& a, const Tensor& b) {
+  REQUIRE(a.shape() == b.shape());
+  double diff = 0, ref = 0;
+  for (std::int64_t i = 0; i < a.numel(); ++i) {
+    diff += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    ref += double(b[i]) * b[i];
+  }
+  return std::sqrt(diff / ref);
+}
+
+train::TrainConfig train_config(const char* schedule) {
+  train::TrainConfig tc;
+  tc.micro_batch_size = 2;
+  tc.global_batch_size = 4;
+  tc.lr = 3e-3f;
+  tc.pipeline.schedule = schedule;
+  return tc;
+}
+
+}  // namespace
+
+TEST_CASE("pipeline checkpoint: saved at PP=2, loaded at PP=1 and PP=4 with the same logits") {
+  for (bool tied : {true, false}) {
+    CAPTURE(tied);
+    auto config = test::small_model(tied);
+    config.num_layers = 4;
+    const auto& data = test::shakespeare(config.seq_length);
+    const auto dir = std::filesystem::temp_directory_path() / ("dsp_pp_ckpt_" + std::to_string(tied));
+    std::filesystem::remove_all(dir);
+    Tensor reference, at_pp1, at_pp4;
+    std::mutex mu;
+    comm::launch(2, [&](comm::ThreadComm& world) {  // train 3 steps at PP=2, save
+      DeviceMesh mesh(world, ParallelLayout{.pipeline = 2});
+      train::Trainer<P> trainer(config, train_config("1f1b"), mesh, data);
+      for (int s = 0; s < 3; ++s) trainer.train_step();
+      train::save_checkpoint(dir, trainer);
+      Tensor l = pipeline_logits(trainer);
+      std::lock_guard lk(mu);
+      if (!l.empty()) reference = std::move(l);
+    });
+    // The files hold each stage's layers under global names; the tied table is saved once.
+    const auto manifest = checkpoint::read_manifest(dir);
+    std::set<std::string> names;
+    for (const auto& t : manifest.tensors) CHECK(names.insert(t.name).second);
+    CHECK(names.count("model.embed_tokens.weight") == 1);
+    CHECK(names.count("model.layers.3.mlp.down_proj.weight") == 1);
+    comm::launch(1, [&](comm::ThreadComm& world) {  // the whole model (serving layout)
+      DeviceMesh mesh(world, ParallelLayout{});
+      model::CausalLM<P> m(config, mesh, 99);  // another seed: everything must come from the file
+      checkpoint::load_model(dir, m);
+      auto ctx = model::ForwardContext::for_training(1, static_cast<std::int64_t>(kTokens.size()));
+      ctx.training = false;
+      at_pp1 = m.logits(ctx, kTokens);
+    });
+    comm::launch(4, [&](comm::ThreadComm& world) {  // resumed at PP=4
+      DeviceMesh mesh(world, ParallelLayout{.pipeline = 4});
+      auto tc = train_config("1f1b");
+      train::Trainer<P> trainer(config, tc, mesh, data);
+      train::load_checkpoint(dir, trainer);
+      CHECK(trainer.iteration() == 3);
+      Tensor l = pipeline_logits(trainer);
+      std::lock_guard lk(mu);
+      if (!l.empty()) at_pp4 = std::move(l);
+    });
+    CHECK(relative_diff(at_pp1, reference) <= 1e-5);
+    CHECK(relative_diff(at_pp4, reference) <= 1e-5);
+    std::filesystem::remove_all(dir);
+  }
+}
