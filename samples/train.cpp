@@ -94,7 +94,7 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--exit-interval", o.exit_interval, "stop (after saving) at the first step divisible by N");
   app.add_option("--load", o.load, "checkpoint directory to resume from");
   app.add_option("--data-path", o.data_path, "text file; bytes are tokens, the last 10% is validation")->required();
-  app.add_option("--metrics-file", o.metrics_file, "JSON lines: step, loss, val_loss, lr, grad_norm, tokens_per_s, mfu, step_time_s, bubble_fraction");
+  app.add_option("--metrics-file", o.metrics_file, "JSON lines: step, loss, val_loss, lr, grad_norm, tokens_per_s, mfu, step_time_s, bubble_fraction, peak_activation_bytes (global rank 0)");
   app.add_option("--peak-flops", o.peak_flops, "FLOP/s that MFU is measured against (default: measured sgemm peak)");
   app.add_option("--profile-file", o.profile_file, "write a Chrome trace (ui.perfetto.dev) of the profiled steps here");
   app.add_option("--profile-step-start", o.profile_step_start, "first profiled optimizer step (1-based; default 2)");
@@ -165,7 +165,8 @@ void train(Options& o) {
         if (metrics) {
           nlohmann::json j = {{"step", r.iteration}, {"loss", r.loss},         {"lr", r.lr},
                               {"grad_norm", r.grad_norm}, {"tokens_per_s", tps}, {"mfu", mfu},
-                              {"step_time_s", r.seconds}, {"bubble_fraction", r.bubble_fraction}};
+                              {"step_time_s", r.seconds}, {"bubble_fraction", r.bubble_fraction},
+                              {"peak_activation_bytes", r.peak_activation_bytes}};
           if (eval) j["val_loss"] = val;
           *metrics << j.dump() << '\n' << std::flush;
         }

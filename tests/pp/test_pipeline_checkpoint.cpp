@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <mutex>
+#include <set>
 
 #include "dsp/backend/host.hpp"
 #include "dsp/checkpoint/model_io.hpp"
@@ -63,7 +64,7 @@ train::TrainConfig train_config(const char* schedule) {
 
 }  // namespace
 
-TEST_CASE("pipeline checkpoint: saved at PP=2, loaded at PP=1 and PP=4 with the same logits") {
+TEST_CASE("pipeline checkpoint: saved at PP=2, loaded at PP=1 and PP=4 (and PP=4 back to PP=1) with the same logits") {
   for (bool tied : {true, false}) {
     CAPTURE(tied);
     auto config = test::small_model(tied);
@@ -96,18 +97,31 @@ TEST_CASE("pipeline checkpoint: saved at PP=2, loaded at PP=1 and PP=4 with the 
       ctx.training = false;
       at_pp1 = m.logits(ctx, kTokens);
     });
-    comm::launch(4, [&](comm::ThreadComm& world) {  // resumed at PP=4
+    const auto dir4 = dir.string() + "_pp4";
+    comm::launch(4, [&](comm::ThreadComm& world) {  // resumed at PP=4, saved again at PP=4
       DeviceMesh mesh(world, ParallelLayout{.pipeline = 4});
       auto tc = train_config("1f1b");
       train::Trainer<P> trainer(config, tc, mesh, data);
       train::load_checkpoint(dir, trainer);
       CHECK(trainer.iteration() == 3);
       Tensor l = pipeline_logits(trainer);
+      train::save_checkpoint(dir4, trainer);
       std::lock_guard lk(mu);
       if (!l.empty()) at_pp4 = std::move(l);
     });
+    Tensor back_at_pp1;
+    comm::launch(1, [&](comm::ThreadComm& world) {  // and back: the PP=4 checkpoint at PP=1
+      DeviceMesh mesh(world, ParallelLayout{});
+      model::CausalLM<P> m(config, mesh, 99);
+      checkpoint::load_model(dir4, m);
+      auto ctx = model::ForwardContext::for_training(1, static_cast<std::int64_t>(kTokens.size()));
+      ctx.training = false;
+      back_at_pp1 = m.logits(ctx, kTokens);
+    });
     CHECK(relative_diff(at_pp1, reference) <= 1e-5);
     CHECK(relative_diff(at_pp4, reference) <= 1e-5);
+    CHECK(relative_diff(back_at_pp1, reference) <= 1e-5);
     std::filesystem::remove_all(dir);
+    std::filesystem::remove_all(dir4);
   }
 }
