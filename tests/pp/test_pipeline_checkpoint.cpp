@@ -4,7 +4,6 @@
 // stage boundary could change rounding (in practice the logits are bit-identical).
 #include <doctest/doctest.h>
 
-#include <cmath>
 #include <filesystem>
 #include <mutex>
 #include <set>
@@ -14,6 +13,7 @@
 #include "dsp/comm/launch.hpp"
 #include "dsp/policy.hpp"
 #include "dsp/train/checkpointing.hpp"
+#include "../relative_error.hpp"
 #include "../train/small_model.hpp"
 
 using namespace dsp;
@@ -41,16 +41,6 @@ Tensor pipeline_logits(train::Trainer<P>& t) {
     if (s + 1 < sched.num_stages()) pipe.send(std::span<const float>(x.span()), sched.rank_of(s + 1), pp::kActivationTag);
   }
   return sched.rank_of(sched.num_stages() - 1) == pipe.rank() ? x : Tensor{};
-}
-
-double relative_diff(const Tensor& a, const Tensor& b) {
-  REQUIRE(a.shape() == b.shape());
-  double diff = 0, ref = 0;
-  for (std::int64_t i = 0; i < a.numel(); ++i) {
-    diff += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    ref += double(b[i]) * b[i];
-  }
-  return std::sqrt(diff / ref);
 }
 
 train::TrainConfig train_config(const char* schedule) {
@@ -118,9 +108,9 @@ TEST_CASE("pipeline checkpoint: saved at PP=2, loaded at PP=1 and PP=4 (and PP=4
       ctx.training = false;
       back_at_pp1 = m.logits(ctx, kTokens);
     });
-    CHECK(relative_diff(at_pp1, reference) <= 1e-5);
-    CHECK(relative_diff(at_pp4, reference) <= 1e-5);
-    CHECK(relative_diff(back_at_pp1, reference) <= 1e-5);
+    CHECK(test::relative_error(at_pp1, reference) <= 1e-5);
+    CHECK(test::relative_error(at_pp4, reference) <= 1e-5);
+    CHECK(test::relative_error(back_at_pp1, reference) <= 1e-5);
     std::filesystem::remove_all(dir);
     std::filesystem::remove_all(dir4);
   }

@@ -17,6 +17,7 @@
 #include "dsp/tp/vocab_parallel_cross_entropy.hpp"
 #include "dsp/tp/vocab_parallel_embedding.hpp"
 #include "../gather_global.hpp"
+#include "../relative_error.hpp"
 
 using namespace dsp;
 using P = Policy<backend::Host, comm::ThreadComm>;
@@ -28,17 +29,6 @@ Tensor input(std::int64_t rows, std::int64_t cols) {
   const CounterRng rng(5, "input");
   for (std::int64_t i = 0; i < x.numel(); ++i) x[i] = static_cast<float>(rng.normal(static_cast<std::uint64_t>(i)));
   return x;
-}
-
-// ||a - b|| / ||b||
-double rel_error(const Tensor& a, const Tensor& b) {
-  REQUIRE(a.shape() == b.shape());
-  double d = 0, n = 0;
-  for (std::int64_t i = 0; i < a.numel(); ++i) {
-    d += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    n += double(b[i]) * b[i];
-  }
-  return std::sqrt(d / n);
 }
 
 struct PairResult {
@@ -78,10 +68,10 @@ TEST_CASE("Column -> Row parallel pair equals TP1 in output, input gradient and 
       CAPTURE(tp);
       CAPTURE(gather);
       const PairResult r = run_pair(tp, gather);
-      CHECK(rel_error(r.y, ref.y) < 1e-5);
-      CHECK(rel_error(r.dx, ref.dx) < 1e-5);
-      CHECK(rel_error(r.w1, ref.w1) < 1e-5);
-      CHECK(rel_error(r.w2, ref.w2) < 1e-5);
+      CHECK(test::relative_error(r.y, ref.y) < 1e-5);
+      CHECK(test::relative_error(r.dx, ref.dx) < 1e-5);
+      CHECK(test::relative_error(r.w1, ref.w1) < 1e-5);
+      CHECK(test::relative_error(r.w2, ref.w2) < 1e-5);
     }
   }
 }
