@@ -89,7 +89,7 @@ RunResult run(Layout l, const model::ModelConfig& config, int steps) {
   return out;
 }
 
-RunResult run(int tp, int dp, bool tied, int steps) { return run({tp, 1, dp}, test::small_model(tied), steps); }
+RunResult run(int tp, int dp, bool tied, int steps) { return run({tp, 1, dp, 0, ""}, test::small_model(tied), steps); }
 
 }  // namespace
 
@@ -126,11 +126,11 @@ TEST_CASE("layout invariance: (TP, PP, DP) layouts and pipeline schedules give t
     const int steps = 20;
     const RunResult ref = run(Layout{}, config, steps);
     REQUIRE(ref.losses.size() == steps);
-    for (const Layout& l : std::vector<Layout>{{1, 2, 1},
-                                               {1, 4, 1},
-                                               {2, 2, 1},
-                                               {2, 2, 2},
-                                               {1, 2, 4},
+    for (const Layout& l : std::vector<Layout>{{1, 2, 1, 0, ""},
+                                               {1, 4, 1, 0, ""},
+                                               {2, 2, 1, 0, ""},
+                                               {2, 2, 2, 0, ""},
+                                               {1, 2, 4, 0, ""},
                                                {1, 2, 1, 1, "interleaved"},
                                                {2, 2, 1, 1, "interleaved"},
                                                {1, 4, 1, 0, "gpipe"}}) {
