@@ -4,11 +4,17 @@
 //                      {"format": "pt"}; fused tensors split by rows into their parts
 //                      (qkv_proj -> q_proj, k_proj, v_proj; gate_up_proj -> gate_proj, up_proj)
 //   config.json        the manifest's model_config (a Hugging Face config, supplied at save)
+// Tensors are written in global model order (global_model_order): the embedding, layers
+// 0..L-1 by number (layers.10 after layers.9), then the final norm and the output layer,
+// whatever pipeline layout (interleaved stages included) the checkpoint was saved at.
 #include <algorithm>
+#include <charconv>
+#include <compare>
 #include <cstdint>
 #include <filesystem>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -27,6 +33,57 @@ namespace dsp::checkpoint {
 inline constexpr std::string_view merged_model_file = "model.safetensors";
 /// Name of the merged config file.
 inline constexpr std::string_view merged_config_file = "config.json";
+
+namespace detail {
+
+// Sort key of a parameter name in global model order: group 0 the embedding
+// ("model.embed_tokens.*"), group 1 the decoder layers ("model.layers.<i>.*", by i), group 2
+// everything else (final norm, output layer).
+struct ModelOrderKey {
+  int group = 2;
+  std::int64_t layer = 0;
+  auto operator<=>(const ModelOrderKey&) const = default;
+};
+
+inline ModelOrderKey model_order_key(std::string_view name) {
+  constexpr std::string_view embed = "model.embed_tokens.", layers = "model.layers.";
+  if (name.starts_with(embed)) return {0, 0};
+  if (!name.starts_with(layers)) return {};
+  name.remove_prefix(layers.size());
+  std::int64_t layer = 0;
+  const auto [end, err] = std::from_chars(name.data(), name.data() + name.size(), layer);
+  if (err != std::errc() || end == name.data() || end == name.data() + name.size() || *end != '.') return {};
+  return {1, layer};
+}
+
+}  // namespace detail
+
+/// `specs` in global model order: parameters first, then optimizer tensors
+/// ("optimizer.<moment>.<parameter>"); within each, the embedding, then the decoder layers by
+/// their global number (numerically: layers.10 after layers.9), then the rest (final norm,
+/// output layer), an optimizer tensor placed by its parameter's name. Ties keep their relative
+/// order (a layer's tensors stay in the order the model lists them). A pipeline-parallel
+/// checkpoint's manifest lists tensors stage by stage, each stage's parameters then its
+/// optimizer state (with interleaving, PP 2: layers 0, 2, then 1, 3); this is the order the
+/// same model saved on one stage lists them in.
+inline std::vector<ShardedTensor> global_model_order(std::vector<ShardedTensor> specs) {
+  const auto key = [](std::string_view name) {
+    const bool optimizer = name.starts_with(optimizer_prefix);
+    if (optimizer) {  // "optimizer.<moment>.<parameter>": placed by the parameter
+      name.remove_prefix(optimizer_prefix.size());
+      name.remove_prefix(std::min(name.size(), name.find('.') + 1));
+    }
+    return std::pair{optimizer, detail::model_order_key(name)};
+  };
+  std::vector<std::pair<std::pair<bool, detail::ModelOrderKey>, std::size_t>> keys;
+  keys.reserve(specs.size());
+  for (std::size_t i = 0; i < specs.size(); ++i) keys.emplace_back(key(specs[i].name), i);
+  std::stable_sort(keys.begin(), keys.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<ShardedTensor> out;
+  out.reserve(specs.size());
+  for (const auto& k : keys) out.push_back(std::move(specs[k.second]));
+  return out;
+}
 
 /// The Hugging Face tensors of one global tensor: (part name, rows) pieces in order when the
 /// spec lists parts, else the tensor itself under the spec's name. Throws CheckpointError
@@ -55,14 +112,16 @@ inline std::vector<std::pair<std::string, Tensor>> hugging_face_tensors(const Sh
 }
 
 /// Writes the checkpoint in `dir` (verified first) to `out_dir` as model.safetensors +
-/// config.json, atomically (an existing `out_dir` is replaced only on success). Tensors whose
-/// name starts with optimizer_prefix are left out. Throws CheckpointError when the checkpoint
+/// config.json, atomically (an existing `out_dir` is replaced only on success), the tensors in
+/// global_model_order whatever layout the checkpoint was saved at (any TP and PP). Tensors
+/// whose name starts with optimizer_prefix are left out. Memory: every parameter's global
+/// tensor. Throws CheckpointError when the checkpoint
 /// is invalid (see CheckpointReader), a fused tensor's parts do not fit, two tensors end up with
 /// the same name, or writing fails.
 inline void merge(const std::filesystem::path& dir, const std::filesystem::path& out_dir) {
   const CheckpointReader reader(dir);
   std::vector<std::pair<std::string, Tensor>> tensors;
-  for (const ShardedTensor& spec : reader.manifest().tensors) {
+  for (const ShardedTensor& spec : global_model_order(reader.manifest().tensors)) {
     if (spec.name.starts_with(optimizer_prefix)) continue;
     for (auto& piece : hugging_face_tensors(spec, reader.global_tensor(spec.name)))
       tensors.push_back(std::move(piece));

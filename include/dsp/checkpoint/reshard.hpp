@@ -1,8 +1,11 @@
 #pragma once
 // Resharding a checkpoint to another tensor-parallel size: a pure function of the manifest
-// and the target layout. Every global tensor is assembled from the source shards and cut
-// again with shard_of for the target TP; the result is a checkpoint like any other (pipeline
-// 1), loadable with load_into at the target TP or at any other the specs allow.
+// and the target layout. Every global tensor is assembled from the source shards (of every
+// TP rank and pipeline stage) and cut again with shard_of for the target TP; the result is a
+// checkpoint like any other (pipeline 1: the serving layout; training loads a checkpoint at
+// any PP directly), loadable with load_into at the target TP or at any other the specs allow.
+// The tensors are written in global_model_order, so the result does not depend on the
+// source's pipeline layout.
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -10,6 +13,7 @@
 #include "dsp/checkpoint/atomic_dir.hpp"
 #include "dsp/checkpoint/load.hpp"
 #include "dsp/checkpoint/manifest.hpp"
+#include "dsp/checkpoint/merge.hpp"
 #include "dsp/checkpoint/save.hpp"
 #include "dsp/checkpoint/state.hpp"
 #include "dsp/core/error.hpp"
@@ -18,8 +22,9 @@
 
 namespace dsp::checkpoint {
 
-/// Writes the checkpoint in `src_dir` to `dst_dir` (atomically; an existing `dst_dir` is
-/// replaced only on success) with layout TP target_tp, PP 1, DP target_dp, and the same
+/// Writes the checkpoint in `src_dir` (saved at any TP and PP) to `dst_dir` (atomically; an
+/// existing `dst_dir` is replaced only on success) with layout TP target_tp, PP 1, DP
+/// target_dp, its tensors in global_model_order (optimizer state included), and the same
 /// model_config, iteration and extra; extra["resharded_from"] names the original checkpoint
 /// and its layout (kept from the source when it was itself resharded). Before reading any tensor, throws ConfigError naming the
 /// numbers when target_tp or target_dp is < 1 or some tensor cannot be split target_tp ways
@@ -49,12 +54,13 @@ inline void reshard(const std::filesystem::path& src_dir, const std::filesystem:
                                     {"tensor", from.tensor}, {"pipeline", from.pipeline}, {"data", from.data}};
   meta.layout = {.tensor = target_tp, .pipeline = 1, .data = target_dp, .expert = 1};
 
+  const std::vector<ShardedTensor> specs = global_model_order(source.manifest.tensors);
   AtomicDir staging(dst_dir);
   for (int rank = 0; rank < target_tp; ++rank) {
     std::vector<Tensor> shards;
-    shards.reserve(source.manifest.tensors.size());
+    shards.reserve(specs.size());
     State state;
-    for (const ShardedTensor& spec : source.manifest.tensors) {
+    for (const ShardedTensor& spec : specs) {
       shards.push_back(shard_of(spec, source.tensors.at(spec.name), target_tp, rank));
       state.push_back({spec, &shards.back()});
     }
