@@ -6,14 +6,27 @@
 // --reference, else the checkpoint --load was resharded from (its manifest says), else
 // --load itself at the layout it was saved with. Exits 1 when a difference exceeds --tolerance.
 //
+// Layouts: the served model runs on one pipeline stage (serving is PP1). The reference runs
+// at the tensor- and pipeline-parallel sizes it was saved with (JSON "reference_layout"; its
+// data-parallel replicas are identical), the layers split evenly over its stages, each stage
+// running PipelineStage::infer and handing its hidden states to the next. How training grouped
+// the layers into stages (interleaved chunks, an explicit --pipeline-layer-split) changes no
+// layer's arithmetic, so any grouping at the same TP gives the same logits. A model with fewer
+// layers than stages (an explicit split with empty stages) runs its reference at PP1.
+//
 //   dsp-consistency-check --load ckpt --tensor-model-parallel-size 4
 #include <algorithm>
 #include <cstdio>
 
 #include "cli.hpp"
+#include "dsp/backend/host/copy_columns.hpp"
 #include "dsp/checkpoint/model_io.hpp"
+#include "dsp/pp/engine.hpp"
+#include "dsp/pp/layer_split.hpp"
+#include "dsp/pp/pipeline_stage.hpp"
 #include "dsp/serve/consistency.hpp"
 #include "dsp/serve/generator.hpp"
+#include "dsp/tp/mappings.hpp"
 
 namespace {
 
@@ -42,6 +55,50 @@ Logits logits_at(const std::string& dir, int tp, const std::vector<std::vector<s
   return out;
 }
 
+// Full-forward logits [len, vocab] of every prompt from `dir` at TP `tp` x PP `pp`, the
+// layers split evenly over the stages (pp::even_layer_split; needs num_layers >= pp): stage r
+// runs PipelineStage::infer on the hidden states of stage r - 1 (received over the pipeline
+// group), the last stage gathers its logits over its TP group and drops the vocabulary padding.
+std::vector<dsp::Tensor> pipeline_logits(const std::string& dir, int tp, int pp,
+                                         const std::vector<std::vector<std::int32_t>>& ids) {
+  using Backend = samples::HostPolicy::Backend;
+  const auto config = dsp::checkpoint::read_model_config(dir);
+  const auto stages = dsp::pp::stage_layers(dsp::pp::even_layer_split(config.num_layers, pp), config.num_layers);
+  std::vector<dsp::Tensor> out;
+  dsp::comm::launch(tp * pp, [&](dsp::comm::ThreadComm& world) {
+    dsp::DeviceMesh mesh(world, dsp::ParallelLayout{.tensor = tp, .pipeline = pp});
+    auto& pipe = mesh.pipeline_group();
+    auto& tensor = mesh.tensor_group();
+    const int r = mesh.pp_rank();
+    dsp::pp::PipelineStage<samples::HostPolicy> stage(config, tensor, stages[static_cast<std::size_t>(r)], 0);
+    dsp::checkpoint::load_into(dir, dsp::checkpoint::parameter_state(stage.parameters(), dsp::checkpoint::StateUse::Load),
+                               tp, mesh.tp_rank());  // a last stage's tied copy too
+    std::vector<dsp::Tensor> mine;
+    for (const auto& prompt : ids) {
+      const auto len = static_cast<std::int64_t>(prompt.size());
+      auto ctx = dsp::model::ForwardContext::for_training(1, len);
+      ctx.training = false;
+      dsp::Tensor x;
+      if (r > 0) {
+        x = dsp::Tensor({len, config.hidden_size});
+        pipe.recv(x.span(), r - 1, dsp::pp::kActivationTag);
+      }
+      x = stage.infer(ctx, prompt, std::move(x));
+      if (r + 1 < pp) {
+        pipe.send(std::span<const float>(x.span()), r + 1, dsp::pp::kActivationTag);
+        continue;
+      }
+      const dsp::Tensor all = dsp::tp::GatherFromTpRegion<Backend>::forward(tensor, x);  // [len, padded vocab]
+      dsp::Tensor logits({len, config.vocab_size});
+      dsp::backend::copy_columns(Backend{}, all.data(), all.dim(1), 0, logits.data(), config.vocab_size, 0, len,
+                                 config.vocab_size);
+      mine.push_back(std::move(logits));
+    }
+    if (r == pp - 1 && mesh.tp_rank() == 0) out = std::move(mine);
+  });
+  return out;
+}
+
 // Last row of each [len, vocab] tensor, as one [prompts, vocab] tensor.
 std::vector<dsp::Tensor> last_rows(const std::vector<dsp::Tensor>& full) {
   const std::int64_t vocab = full.front().dim(1);
@@ -54,7 +111,8 @@ std::vector<dsp::Tensor> last_rows(const std::vector<dsp::Tensor>& full) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"dsp-consistency-check: compare a checkpoint's logits at two tensor-parallel layouts"};
+  CLI::App app{
+      "dsp-consistency-check: compare a checkpoint's logits at its training layout (TP x PP) and a served one (TP, PP1)"};
   std::string load, reference, prompts_file;
   int tp = 1;
   double tolerance = 1e-4;
@@ -71,11 +129,14 @@ int main(int argc, char** argv) {
       const auto extra = dsp::checkpoint::read_manifest(load).meta.extra;
       reference = extra.contains("resharded_from") ? extra["resharded_from"]["checkpoint"].get<std::string>() : load;
     }
-    const int reference_tp = dsp::checkpoint::read_manifest(reference).meta.layout.tensor;
-    const Logits ref = logits_at(reference, reference_tp, ids);
-    const Logits served = logits_at(load, tp, ids);
-    const double diff = dsp::serve::max_abs_logit_diff(ref.full, served.full);
-    const double diff_served = dsp::serve::max_abs_logit_diff(last_rows(ref.full), {served.served_last});
+    const dsp::ParallelLayout trained = dsp::checkpoint::read_manifest(reference).meta.layout;
+    const int reference_tp = trained.tensor;
+    const int reference_pp =  // PP1 when an explicit split left stages without layers
+        dsp::checkpoint::read_model_config(reference).num_layers >= trained.pipeline ? trained.pipeline : 1;
+    const Logits served = logits_at(load, tp, ids);  // first: it checks the prompts (length, vocabulary)
+    const std::vector<dsp::Tensor> ref = pipeline_logits(reference, reference_tp, reference_pp, ids);
+    const double diff = dsp::serve::max_abs_logit_diff(ref, served.full);
+    const double diff_served = dsp::serve::max_abs_logit_diff(last_rows(ref), {served.served_last});
     const bool ok = diff <= tolerance && diff_served <= tolerance;
     const nlohmann::json result = {{"max_abs_logit_diff", std::max(diff, diff_served)},
                                    {"full_forward_max_abs_logit_diff", diff},
@@ -83,8 +144,12 @@ int main(int argc, char** argv) {
                                    {"prompts", prompts.size()},
                                    {"reference", reference},
                                    {"reference_tensor_model_parallel_size", reference_tp},
+                                   {"reference_layout", dsp::ParallelLayout{.tensor = reference_tp, .pipeline = reference_pp,
+                                                                            .data = 1}.str()},
+                                   {"reference_trained_layout", trained.str()},
                                    {"checkpoint", load},
                                    {"tensor_model_parallel_size", tp},
+                                   {"layout", dsp::ParallelLayout{.tensor = tp, .pipeline = 1, .data = 1}.str()},
                                    {"tolerance", tolerance},
                                    {"consistent", ok}};
     std::printf("%s\n", result.dump().c_str());

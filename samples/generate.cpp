@@ -1,5 +1,6 @@
-// dsp-generate: loads a checkpoint at any tensor-parallel size (resharding from the
-// manifest) and continues byte-level prompts with a KV cache, all prompts in one batch.
+// dsp-generate: loads a checkpoint (saved at any tensor- and pipeline-parallel size) at any
+// tensor-parallel size on one pipeline stage (resharding from the manifest) and continues
+// byte-level prompts with a KV cache, all prompts in one batch.
 //
 //   dsp-generate --load ckpt --tensor-model-parallel-size 4 --prompt "ROMEO:" --max-new-tokens 200
 #include <cstdio>
@@ -17,7 +18,8 @@ int main(int argc, char** argv) {
   std::int64_t max_new_tokens = 100;
   dsp::serve::SamplingParams sampling;
   app.add_option("--load", load, "checkpoint directory")->required();
-  app.add_option("--tensor-model-parallel-size", tp, "serving TP size (default: the checkpoint's)");
+  app.add_option("--tensor-model-parallel-size", tp,
+                 "serving TP size (default: the checkpoint's); serving runs one pipeline stage");
   auto* p = app.add_option("--prompt", prompts, "prompt text (repeatable; \\n is a newline)");
   app.add_option("--prompts-file", prompts_file, "one prompt per line")->excludes(p);
   app.add_option("--max-new-tokens", max_new_tokens, "tokens to generate per prompt");

@@ -1,5 +1,7 @@
-// dsp-reshard: rewrites a checkpoint for another tensor- and data-parallel layout, straight
-// from its manifest, or merges it into one Hugging Face safetensors file + config.json.
+// dsp-reshard: rewrites a checkpoint (saved at any TP and PP) for another tensor- and
+// data-parallel layout on one pipeline stage (the serving layout; dsp-train --load reads a
+// checkpoint at any PP directly), straight from its manifest, or merges it into one Hugging
+// Face safetensors file + config.json. Both write tensors in global layer order.
 //
 //   dsp-reshard --load ckpt --save ckpt_tp4 --tensor-model-parallel-size 4
 //   dsp-reshard --load ckpt --save hf_model --merge
@@ -11,11 +13,12 @@
 int main(int argc, char** argv) {
   CLI::App app{"dsp-reshard: reshard a dsp checkpoint to another TP/DP layout, or merge it for Hugging Face"};
   std::string load, save;
-  int tp = 0, dp = 1;
+  int tp = 0, pp = 1, dp = 1;
   bool merge = false;
   app.add_option("--load", load, "source checkpoint directory")->required();
   app.add_option("--save", save, "destination directory (replaced atomically)")->required();
   app.add_option("--tensor-model-parallel-size", tp, "target tensor-parallel size");
+  app.add_option("--pipeline-model-parallel-size", pp, "target pipeline size: 1 (the default) only");
   app.add_option("--data-parallel-size", dp, "target data-parallel size (default 1: serving)");
   app.add_flag("--merge", merge, "write one model.safetensors + config.json with Hugging Face names instead");
   return samples::run_main(app, argc, argv, [&] {
@@ -25,6 +28,8 @@ int main(int argc, char** argv) {
       return;
     }
     DSP_CHECK_AS(dsp::InputError, tp > 0, "--tensor-model-parallel-size is required (or --merge)");
+    DSP_CHECK_AS(dsp::ConfigError, pp == 1, "dsp-reshard writes one pipeline stage (--pipeline-model-parallel-size 1), ",
+                 "got ", pp, "; dsp-train --load reads a checkpoint at any pipeline-model-parallel-size directly");
     const auto source = dsp::checkpoint::read_manifest(load).meta.layout;
     dsp::checkpoint::reshard(load, save, tp, dp);
     std::printf("resharded %s (%s) to %s (TP%d/PP1/DP%d)\n", load.c_str(), source.str().c_str(), save.c_str(), tp,

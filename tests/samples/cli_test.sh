@@ -4,6 +4,11 @@
 #  - served at TP1/TP4 after dsp-reshard: consistent with the training layout (<= 1e-4);
 #  - --profile-file: a Chrome trace with communication spans from every rank;
 #  - --overlap-grad-reduce on/off: the same losses; --grad-reduce-dtype bf16 trains;
+#  - pipeline parallelism (4 layers): PP2, TP2 x PP2, interleaved and GPipe give the world-1
+#    losses (1e-5 relative); --print-pipeline-schedule prints a rank table; bubble_fraction > 0;
+#    a PP2 run stopped at step 3 resumes at PP2 (exactly), PP4 and PP1 (1e-5); a TP2 x PP2
+#    checkpoint resharded, merged in layer order, generated from, and consistent at TP4/PP1 and
+#    TP1/PP1 with its training layout (the reference runs at TP2 x PP2);
 #  - bad input: a clear message, a non-zero exit and no partial output.
 # Usage: cli_test.sh BIN_DIR DATA_FILE
 set -uo pipefail
@@ -33,6 +38,20 @@ expect_fail() {
 
 # step and loss of every line of a metrics file, as "step loss"
 losses() { sed -E 's/.*"loss":([^,}]*).*"step":([0-9]+).*/\2 \1/' "$1"; }
+
+# same_losses NAME EXPECTED.jsonl ACTUAL.jsonl: the same 6 steps, losses within 1e-5 relative
+same_losses() {
+  local name=$1 want=$2 got=$3 worst
+  if [ "$(losses "$want" | wc -l)" -ne 6 ] || [ "$(losses "$got" 2>/dev/null | wc -l)" -ne 6 ]; then
+    fail "$name: expected 6 losses in $want and $got"; return
+  fi
+  worst=$(paste -d' ' <(losses "$want") <(losses "$got") | awk '
+    $1 != $3 { print "step mismatch"; exit }
+    { d = $2 - $4; if (d < 0) d = -d; m = $2 < 0 ? -$2 : $2; r = d / m; if (r > worst) worst = r }
+    END { if (worst == "") worst = 0; print worst }')
+  awk -v w="$worst" 'BEGIN { exit !(w != "step mismatch" && w <= 1e-5) }' && ok \
+    || fail "$name: losses differ from $(basename "$want") (max relative difference $worst)"
+}
 
 # --- resume in a new process equals the uninterrupted run --------------------------------
 "$bin/dsp-train" --world-size 2 --tensor-model-parallel-size 2 "${model[@]}" --metrics-file "$work/full.jsonl" \
@@ -87,6 +106,70 @@ diff <(losses "$work/dp_off.jsonl") <(losses "$work/dp_on.jsonl") >/dev/null && 
   --metrics-file "$work/dp_bf16.jsonl" >/dev/null && [ "$(wc -l <"$work/dp_bf16.jsonl")" -eq 6 ] && ok \
   || fail "DP2 run with --grad-reduce-dtype bf16"
 
+# --- pipeline parallelism: the same losses at any TP x PP and schedule ----------------------
+pp=("${model[@]}" --num-layers 4 --peak-flops 1e10)
+"$bin/dsp-train" "${pp[@]}" --metrics-file "$work/pp_ref.jsonl" >/dev/null || fail "world-1 run, 4 layers"
+"$bin/dsp-train" --world-size 2 --pipeline-model-parallel-size 2 "${pp[@]}" --print-pipeline-schedule \
+  --metrics-file "$work/pp2.jsonl" >"$work/pp2.out" || fail "PP2 run: $(cat "$work/pp2.out")"
+same_losses "PP2" "$work/pp_ref.jsonl" "$work/pp2.jsonl"
+"$bin/dsp-train" --world-size 4 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 "${pp[@]}" \
+  --metrics-file "$work/tp2pp2.jsonl" --save "$work/ckpt_pp" >"$work/tp2pp2.out" || fail "TP2 x PP2 run"
+grep -q "TP2/PP2/DP1" "$work/tp2pp2.out" && ok || fail "TP2 x PP2 run did not report its layout: $(cat "$work/tp2pp2.out")"
+same_losses "TP2 x PP2" "$work/pp_ref.jsonl" "$work/tp2pp2.jsonl"
+"$bin/dsp-train" --world-size 2 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1 "${pp[@]}" \
+  --metrics-file "$work/pp_il.jsonl" --save "$work/ckpt_il" >/dev/null || fail "interleaved PP2 run"
+same_losses "interleaved (PP2, 1 layer per virtual stage)" "$work/pp_ref.jsonl" "$work/pp_il.jsonl"
+"$bin/dsp-train" --world-size 2 --pipeline-model-parallel-size 2 --pipeline-schedule gpipe "${pp[@]}" \
+  --metrics-file "$work/pp_gpipe.jsonl" >/dev/null || fail "GPipe PP2 run"
+same_losses "GPipe" "$work/pp_ref.jsonl" "$work/pp_gpipe.jsonl"
+# the schedule table: a header, then one row per pipeline rank with forward (F) and backward (B) cells
+grep -q "^1f1b: p=2" "$work/pp2.out" && grep -q "^rank 0 | F0.0" "$work/pp2.out" && grep -q "^rank 1 | .*B1.1" "$work/pp2.out" \
+  && ok || fail "--print-pipeline-schedule printed no rank table: $(cat "$work/pp2.out")"
+bubbles=$(sed -E 's/.*"bubble_fraction":([^,}]*).*/\1/' "$work/pp2.jsonl" | awk '$1 > 0 && $1 < 1 { n++ } END { print n + 0 }')
+[ "$bubbles" -eq 6 ] && ok || fail "PP2 metrics: $bubbles of 6 steps with 0 < bubble_fraction < 1"
+
+# --- pipeline resume: stopped at step 3 at PP2, resumed at PP2 (exact), PP4 and PP1 ---------
+"$bin/dsp-train" --world-size 2 --pipeline-model-parallel-size 2 "${pp[@]}" --exit-interval 3 --save "$work/ckpt_pp_half" \
+  --metrics-file "$work/pp_half.jsonl" >/dev/null || fail "PP2 first half"
+for to in 2 4 1; do
+  cp "$work/pp_half.jsonl" "$work/pp_resumed$to.jsonl"
+  "$bin/dsp-train" --world-size $to --pipeline-model-parallel-size $to "${pp[@]}" --load "$work/ckpt_pp_half" \
+    --metrics-file "$work/pp_resumed$to.jsonl" >"$work/out" 2>&1 || fail "PP2 checkpoint resumed at PP$to: $(cat "$work/out")"
+  same_losses "PP2 checkpoint resumed at PP$to" "$work/pp2.jsonl" "$work/pp_resumed$to.jsonl"
+done
+diff <(losses "$work/pp2.jsonl") <(losses "$work/pp_resumed2.jsonl") >/dev/null && ok \
+  || fail "PP2 resumed at PP2 is not exactly the uninterrupted run: $(diff <(losses "$work/pp2.jsonl") <(losses "$work/pp_resumed2.jsonl"))"
+
+# --- a TP2 x PP2 checkpoint served at PP1 ---------------------------------------------------
+for tp in 1 4; do
+  "$bin/dsp-reshard" --load "$work/ckpt_pp" --save "$work/ckpt_pp_tp$tp" --tensor-model-parallel-size $tp \
+    >"$work/out" 2>&1 && grep -q "(TP2/PP2/DP1) to .*(TP$tp/PP1/DP1)" "$work/out" && ok \
+    || fail "reshard of the TP2 x PP2 checkpoint to TP$tp: $(cat "$work/out")"
+done
+"$bin/dsp-consistency-check" --load "$work/ckpt_pp_tp4" --tensor-model-parallel-size 4 >"$work/cc" \
+  && grep -q "\"reference\":\"$work/ckpt_pp\"" "$work/cc" && grep -q '"reference_layout":"TP2/PP2/DP1"' "$work/cc" \
+  && grep -q '"consistent":true' "$work/cc" && ok || fail "consistency of the TP2 x PP2 checkpoint at TP4/PP1: $(cat "$work/cc")"
+"$bin/dsp-consistency-check" --load "$work/ckpt_pp_tp1" --tensor-model-parallel-size 1 >"$work/cc" \
+  && grep -q '"consistent":true' "$work/cc" && ok || fail "consistency of the TP2 x PP2 checkpoint at TP1/PP1: $(cat "$work/cc")"
+"$bin/dsp-consistency-check" --load "$work/ckpt_pp" --tensor-model-parallel-size 4 >"$work/cc" \
+  && grep -q '"consistent":true' "$work/cc" && ok \
+  || fail "consistency of the TP2 x PP2 checkpoint loaded directly at TP4/PP1: $(cat "$work/cc")"
+"$bin/dsp-generate" --load "$work/ckpt_pp" --tensor-model-parallel-size 4 --prompt "ROMEO:" --max-new-tokens 8 \
+  >"$work/gen_pp4" && grep -q "ROMEO:" "$work/gen_pp4" && ok || fail "generate at TP4 from the TP2 x PP2 checkpoint"
+"$bin/dsp-generate" --load "$work/ckpt_pp_tp1" --prompt "ROMEO:" --max-new-tokens 8 >"$work/gen_pp1" \
+  && diff <(tail -n +2 "$work/gen_pp1") <(tail -n +2 "$work/gen_pp4") >/dev/null && ok \
+  || fail "greedy generation from the TP2 x PP2 checkpoint differs between TP1 and TP4"
+# merged from an interleaved checkpoint (rank 0 saved layers 0 and 2, rank 1 layers 1 and 3):
+# the data of model.safetensors is in global layer order (data_offsets rise with the layer)
+"$bin/dsp-reshard" --load "$work/ckpt_il" --save "$work/hf_il" --merge >/dev/null || fail "merge of the interleaved checkpoint"
+offsets() { head -c 65536 "$1" | grep -ao '"model\.layers\.[0-9]*\.input_layernorm\.weight":{"data_offsets":\[[0-9]*' \
+  | sed -E 's/"model\.layers\.([0-9]*)\..*\[([0-9]*)$/\2 \1/'; }
+[ "$(offsets "$work/hf_il/model.safetensors" | sort -n | awk '{ printf "%s ", $2 }')" = "0 1 2 3 " ] && ok \
+  || fail "merged interleaved checkpoint not in layer order: $(offsets "$work/hf_il/model.safetensors" | sort -n)"
+"$bin/dsp-consistency-check" --load "$work/ckpt_il" --tensor-model-parallel-size 2 >"$work/cc" \
+  && grep -q '"reference_layout":"TP1/PP2/DP1"' "$work/cc" && grep -q '"consistent":true' "$work/cc" && ok \
+  || fail "consistency of the interleaved checkpoint at TP2/PP1: $(cat "$work/cc")"
+
 # --- bad input: clear message, non-zero exit, no partial output -----------------------------
 expect_fail "unknown gradient dtype" "--grad-reduce-dtype" "$work/m9" -- \
   "$bin/dsp-train" "${model[@]}" --grad-reduce-dtype fp16 --metrics-file "$work/m9"
@@ -114,6 +197,24 @@ expect_fail "reshard to a TP that does not divide" "cannot reshard" "$work/bad_t
 expect_fail "another model config" "another model config" "" -- \
   "$bin/dsp-train" --world-size 2 --tensor-model-parallel-size 2 "${model[@]}" --hidden-size 64 --load "$work/ckpt" \
   --train-iters 8
+
+expect_fail "pipeline size does not divide the world" \
+  "world size 4 is not divisible by tensor-model-parallel-size x pipeline-model-parallel-size = 1 x 3 = 3" "$work/s_pp3" -- \
+  "$bin/dsp-train" --world-size 4 --pipeline-model-parallel-size 3 "${pp[@]}" --save "$work/s_pp3" --metrics-file "$work/m11"
+if [ -e "$work/m11" ]; then fail "pipeline size does not divide the world: partial output $work/m11"; else ok; fi
+expect_fail "layer split does not sum to the layers" "layer split 1,2 sums to 3 layers, but the model has 4" "$work/m12" -- \
+  "$bin/dsp-train" --world-size 2 --pipeline-model-parallel-size 2 "${pp[@]}" --pipeline-layer-split 1,2 \
+  --metrics-file "$work/m12"
+expect_fail "interleaved without virtual stages" \
+  "--pipeline-schedule interleaved needs --num-layers-per-virtual-pipeline-stage" "$work/m13" -- \
+  "$bin/dsp-train" --world-size 2 --pipeline-model-parallel-size 2 "${pp[@]}" --pipeline-schedule interleaved \
+  --metrics-file "$work/m13"
+expect_fail "interleaved with micro-batches not a multiple of PP" \
+  "number of micro-batches (m=3) to be a positive multiple of the pipeline size (p=2)" "$work/m14" -- \
+  "$bin/dsp-train" --world-size 2 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1 "${pp[@]}" \
+  --global-batch-size 6 --metrics-file "$work/m14"
+expect_fail "reshard to PP2" "dsp-reshard writes one pipeline stage" "$work/bad_pp" -- \
+  "$bin/dsp-reshard" --load "$work/ckpt_pp" --save "$work/bad_pp" --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2
 
 mkdir -p "$work/notes" && echo keep >"$work/notes/keep.txt"
 expect_fail "--save onto a directory of other files (refused before training)" "refusing to replace" "$work/m7" -- \

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # dsp-train under mpiexec (one rank per process, MpiComm) against the thread run (ThreadComm):
 #  - TP=2 x DP=2 on 4 processes gives the thread run's 20 losses within 1e-5 relative;
+#  - TP=2 x PP=2 on 4 processes (pipeline sends and receives between processes) likewise;
 #  - --world-size that differs from the MPI size: a message naming both, non-zero exit;
 #  - --profile-file on 2 processes: rank 0 writes one trace with spans of both ranks;
-#  - a rank killed with SIGKILL, and a rank that throws (only rank 0 opens the metrics file):
+#  - a rank killed with SIGKILL, and a rank that throws (only rank 0 opens the metrics file),
+#    also in a TP=2 x PP=2 job whose second stage then waits on a pipeline receive:
 #    mpiexec ends every rank and exits non-zero within 30 s, naming the failure.
 # Prints the wall time of the thread and the MPI run.
 # Usage: mpi_train_test.sh BIN_DIR DATA_FILE MPIEXEC [MPIEXEC_FLAGS...]
@@ -28,6 +30,14 @@ model=(--data-path "$data" --num-layers 2 --hidden-size 64 --num-attention-heads
 # step and loss of every line of a metrics file, as "step loss"
 losses() { sed -E 's/.*"loss":([^,}]*).*"step":([0-9]+).*/\2 \1/' "$1"; }
 
+# max_rel_diff A.jsonl B.jsonl: the largest relative difference of their losses, step by step
+max_rel_diff() {
+  paste -d' ' <(losses "$1") <(losses "$2") | awk '
+    $1 != $3 { print "step mismatch"; exit }
+    { d = $2 - $4; if (d < 0) d = -d; m = $2 < 0 ? -$2 : $2; r = d / m; if (r > worst) worst = r }
+    END { if (worst == "") worst = 0; print worst }'
+}
+
 # --- MPI run == thread run ------------------------------------------------------------------
 t0=$(now)
 "$bin/dsp-train" --world-size 4 "${model[@]}" --train-iters 20 --metrics-file "$work/threads.jsonl" >/dev/null \
@@ -38,10 +48,7 @@ timeout 120 "${mpi[@]}" -n 4 "$bin/dsp-train" "${model[@]}" --train-iters 20 --m
 t2=$(now)
 grep -q "TP2/PP1/DP2" "$work/mpi.out" && ok || fail "MPI run did not report its layout: $(cat "$work/mpi.out")"
 if [ "$(losses "$work/threads.jsonl" | wc -l)" -eq 20 ] && [ "$(losses "$work/mpi.jsonl" | wc -l)" -eq 20 ]; then
-  worst=$(paste -d' ' <(losses "$work/threads.jsonl") <(losses "$work/mpi.jsonl") | awk '
-    $1 != $3 { print "step mismatch"; exit }
-    { d = $2 - $4; if (d < 0) d = -d; m = $2 < 0 ? -$2 : $2; r = d / m; if (r > worst) worst = r }
-    END { if (worst == "") worst = 0; print worst }')
+  worst=$(max_rel_diff "$work/threads.jsonl" "$work/mpi.jsonl")
   awk -v w="$worst" 'BEGIN { exit !(w != "step mismatch" && w <= 1e-5) }' && ok \
     || fail "MPI losses differ from the thread run's (max relative difference $worst)"
   echo "max relative loss difference, MPI vs threads over 20 steps: $worst"
@@ -49,6 +56,21 @@ else
   fail "expected 20 losses from each run"
 fi
 awk -v a="$t0" -v b="$t1" -v c="$t2" 'BEGIN { printf "wall time: threads %.2f s, mpiexec -n 4 %.2f s\n", b - a, c - b }'
+
+# --- TP2 x PP2 under MPI == the thread run ------------------------------------------------
+"$bin/dsp-train" --world-size 4 "${model[@]}" --pipeline-model-parallel-size 2 --train-iters 20 \
+  --metrics-file "$work/pp_threads.jsonl" >/dev/null || fail "TP2 x PP2 thread run"
+timeout 120 "${mpi[@]}" -n 4 "$bin/dsp-train" "${model[@]}" --pipeline-model-parallel-size 2 --train-iters 20 \
+  --metrics-file "$work/pp_mpi.jsonl" >"$work/pp_mpi.out" 2>&1 || fail "TP2 x PP2 MPI run: $(cat "$work/pp_mpi.out")"
+grep -q "TP2/PP2/DP1" "$work/pp_mpi.out" && ok || fail "TP2 x PP2 MPI run did not report its layout: $(cat "$work/pp_mpi.out")"
+if [ "$(losses "$work/pp_threads.jsonl" | wc -l)" -eq 20 ] && [ "$(losses "$work/pp_mpi.jsonl" | wc -l)" -eq 20 ]; then
+  worst=$(max_rel_diff "$work/pp_threads.jsonl" "$work/pp_mpi.jsonl")
+  awk -v w="$worst" 'BEGIN { exit !(w != "step mismatch" && w <= 1e-5) }' && ok \
+    || fail "TP2 x PP2 MPI losses differ from the thread run's (max relative difference $worst)"
+  echo "max relative loss difference, TP2 x PP2 MPI vs threads over 20 steps: $worst"
+else
+  fail "expected 20 losses from each TP2 x PP2 run"
+fi
 
 # --- --world-size must equal the MPI size ---------------------------------------------------
 timeout 60 "${mpi[@]}" -n 2 "$bin/dsp-train" "${model[@]}" --world-size 4 --train-iters 2 >"$work/out" 2>&1
@@ -104,6 +126,16 @@ wait_bounded "$job" 30
 rc=$?
 if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && grep -qF "rank 0 failed: cannot write metrics file" "$work/throw.out"; then ok
 else fail "throwing rank: rc $rc (124: still running after 30 s): $(tail -20 "$work/throw.out")"; fi
+
+# The same in a TP2 x PP2 job: rank 0 (first stage) throws while its TP peer waits in a
+# tensor-parallel collective and the second stage's ranks wait on a pipeline receive.
+"${mpi[@]}" -n 4 "$bin/dsp-train" "${model[@]}" --pipeline-model-parallel-size 2 --train-iters 20 \
+  --metrics-file "$work/no/such/dir/m.jsonl" >"$work/pp_throw.out" 2>&1 &
+job=$!
+wait_bounded "$job" 30
+rc=$?
+if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && grep -qF "rank 0 failed: cannot write metrics file" "$work/pp_throw.out"; then ok
+else fail "throwing pipeline rank: rc $rc (124: still running after 30 s): $(tail -20 "$work/pp_throw.out")"; fi
 
 echo "mpi_train_test: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
