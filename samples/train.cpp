@@ -56,7 +56,7 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--pipeline-layer-split", o.train.pipeline.layer_split,
                  "explicit layers per (virtual) pipeline stage, e.g. 3,3,2,2 (default: as even as possible, earlier stages get the extra)")
       ->delimiter(',');
-  app.add_flag("--print-pipeline-schedule", o.print_schedule, "print each pipeline rank's actions as a table and continue");
+  app.add_flag("--print-pipeline-schedule", o.print_schedule, "print the schedule's forward/backward timeline per pipeline rank (simulated, backward = 2 forwards) and continue");
   app.add_option("--num-layers", o.model.num_layers, "decoder layers");
   app.add_option("--hidden-size", o.model.hidden_size, "hidden size");
   app.add_option("--num-attention-heads", o.model.num_attention_heads, "attention heads");

@@ -97,6 +97,9 @@ TEST_CASE("pipeline layers: PipelineConfig derives virtual stages and refuses wh
   c.schedule = "interleaved";
   CHECK_THROWS_WITH_AS(c.schedule_name(), doctest::Contains("needs --num-layers-per-virtual-pipeline-stage"), ConfigError);
   c = {};
+  c.num_layers_per_virtual_stage = -1;
+  CHECK_THROWS_WITH_AS(c.schedule_name(), "--num-layers-per-virtual-pipeline-stage must be >= 0, got -1", ConfigError);
+  c = {};
   c.layer_split = {2, 2, 2};
   CHECK_THROWS_WITH_AS(c.stages(6, 2), "layer split has 3 entries for 2 pipeline stages (pipeline size x virtual stages)",
                        ConfigError);

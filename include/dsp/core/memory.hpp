@@ -3,7 +3,9 @@
 // ranks as threads, per rank). Tensor storage allocates through CountingAllocator, so every
 // activation, gradient and temporary a rank's thread creates is counted. Storage freed by
 // another thread than the one that allocated it is subtracted from the freeing thread's count
-// (tensors here stay on their rank's thread; the communication threads allocate none).
+// (tensors here stay on their rank's thread and the communication threads allocate none; the
+// exception is the failure path, where buffers kept for in-flight communication are freed at
+// process exit).
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>

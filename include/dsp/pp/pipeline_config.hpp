@@ -21,9 +21,10 @@ struct PipelineConfig {
   /// even_layer_split.
   std::vector<std::int64_t> layer_split;
 
-  /// The schedule name after defaults. Throws ConfigError when interleaving and the schedule
-  /// disagree (interleaved without K, or K with gpipe/1f1b).
+  /// The schedule name after defaults. Throws ConfigError when K < 0 or interleaving and the
+  /// schedule disagree (interleaved without K, or K with gpipe/1f1b).
   std::string schedule_name() const {
+    check_layers_per_virtual_stage();
     const std::string name = schedule.empty() ? (num_layers_per_virtual_stage > 0 ? "interleaved" : "1f1b") : schedule;
     DSP_CHECK_AS(ConfigError, (name == "interleaved") == (num_layers_per_virtual_stage > 0),
                  name == "interleaved"
@@ -32,9 +33,10 @@ struct PipelineConfig {
     return name;
   }
 
-  /// v: model chunks per pipeline rank. Throws ConfigError, naming the numbers, when
+  /// v: model chunks per pipeline rank. Throws ConfigError, naming the numbers, when K < 0,
   /// num_layers is not a multiple of p x K or v would be 1 (that is plain 1F1B).
   int virtual_size(std::int64_t num_layers, int p) const {
+    check_layers_per_virtual_stage();
     if (num_layers_per_virtual_stage <= 0) return 1;
     const std::int64_t per_rank = p * num_layers_per_virtual_stage;
     DSP_CHECK_AS(ConfigError, num_layers % per_rank == 0, "number of layers (", num_layers,
@@ -56,6 +58,12 @@ struct PipelineConfig {
     DSP_CHECK_AS(ConfigError, static_cast<int>(layer_split.size()) == n, "layer split has ", layer_split.size(),
                  " entries for ", n, " pipeline stages (pipeline size x virtual stages)");
     return stage_layers(layer_split, num_layers);
+  }
+
+ private:
+  void check_layers_per_virtual_stage() const {
+    DSP_CHECK_AS(ConfigError, num_layers_per_virtual_stage >= 0, "--num-layers-per-virtual-pipeline-stage must be >= 0, got ",
+                 num_layers_per_virtual_stage);
   }
 };
 

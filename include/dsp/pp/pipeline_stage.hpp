@@ -61,14 +61,15 @@ class PipelineStage {
       lm_head_.emplace(tp, ShardedTensor::vocab("lm_head.weight", {config.vocab_size, config.hidden_size}), normal, seed);
       return;
     }
-    Parameter* table = &embed_->weight();
-    if (!layers.pre_process) {  // tied over stages: this stage's copy of the first stage's table
-      tied_copy_ = std::make_unique<Parameter>(ShardedTensor::vocab(embed_name, {config.vocab_size, config.hidden_size}),
-                                               normal, seed, tp.size(), tp.rank());
-      tied_copy_->tied_copy = true;
-      table = tied_copy_.get();
+    if (layers.pre_process) {
+      lm_head_.emplace(tp, embed_->weight());
+      return;
     }
-    lm_head_.emplace(tp, *table);
+    // Tied over stages: this stage's copy of the first stage's table.
+    tied_copy_ = std::make_unique<Parameter>(ShardedTensor::vocab(embed_name, {config.vocab_size, config.hidden_size}),
+                                             normal, seed, tp.size(), tp.rank());
+    tied_copy_->tied_copy = true;
+    lm_head_.emplace(tp, *tied_copy_);
   }
 
   PipelineStage(const PipelineStage&) = delete;  // layers hold pointers into the stage
