@@ -6,10 +6,14 @@
 // they never wait. What a forward or backward computes is the caller's (Hooks): the engine
 // only moves the tensors at stage boundaries and keeps the outputs until they are sent.
 //
-// Bubble: busy time is the time inside the hooks; everything else in a run (waiting for a
-// peer's activation or gradient, posting and sending) is idle. bubble_fraction = 1 - busy /
-// wall time of the run (Narayanan et al., SC'21, section 2.2: (p-1)/(m+p-1) in theory for
-// GPipe and 1F1B with uniform stages, see theoretical_bubble_fraction).
+// Bubble: busy time is the time inside the hooks; everything else (waiting for a peer's
+// activation or gradient, posting and sending, and, for a rank that finishes early, the wait
+// for the last rank) is idle. Over the pipeline: bubble = 1 - sum_r busy_r / (p x max_r wall_r)
+// (pipeline_bubble_fraction), the idle share of the p ranks' time during the step; in theory
+// (p-1)/(m+p-1) for GPipe and 1F1B with uniform stages and (p-1)/(v m + p-1) interleaved
+// (Narayanan et al., SC'21, section 2.2; theoretical_bubble_fraction). One rank's own
+// 1 - busy / wall (ScheduleStats::bubble_fraction) leaves out its wait after its last action,
+// so it is lower on the ranks that finish first.
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -31,10 +35,22 @@ namespace dsp::pp {
 struct ScheduleStats {
   double seconds = 0.0;       ///< wall time of the run, seconds
   double busy_seconds = 0.0;  ///< time inside forward and backward hooks, seconds
-  int peak_in_flight = 0;     ///< most micro-batches forwarded and not yet backwarded at once (all chunks)
-  /// Idle share of the run: 1 - busy / wall (0 for an empty run).
+  /// Most (micro-batch, chunk) pairs forwarded and not yet backwarded at once: stashed
+  /// activations, each of one model chunk (1/v of the rank's layers when interleaved).
+  int peak_in_flight = 0;
+  /// This rank's idle share of its own run: 1 - busy / wall (0 for an empty run).
   double bubble_fraction() const { return seconds > 0.0 ? 1.0 - busy_seconds / seconds : 0.0; }
 };
+
+/// The step's bubble over the pipeline group: 1 - sum of busy / (p x longest wall time).
+/// Collective over `pipeline`; every rank gets the result.
+template <comm::Communicator Comm>
+double pipeline_bubble_fraction(Comm& pipeline, const ScheduleStats& stats) {
+  std::vector<double> busy{stats.busy_seconds}, wall{stats.seconds};
+  pipeline.all_reduce(std::span(busy));
+  pipeline.all_reduce(std::span(wall), comm::ReduceOp::Max);
+  return wall[0] > 0.0 ? 1.0 - busy[0] / (pipeline.size() * wall[0]) : 0.0;
+}
 
 /// Message tags on the pipeline group: one per direction, so each (peer, direction) is a
 /// channel matched in order (what validate() checks the schedules against).

@@ -50,7 +50,8 @@ inline std::vector<StageLayers> stage_layers(const std::vector<std::int64_t>& co
   std::string listed;
   for (auto c : counts) {
     DSP_CHECK_AS(ConfigError, c >= 0, "a layer split cannot give a stage ", c, " layers");
-    listed += (listed.empty() ? "" : ",") + std::to_string(c);
+    if (!listed.empty()) listed += ',';
+    listed += std::to_string(c);
   }
   const std::int64_t sum = std::accumulate(counts.begin(), counts.end(), std::int64_t{0});
   DSP_CHECK_AS(ConfigError, sum == num_layers, "layer split ", listed, " sums to ", sum,

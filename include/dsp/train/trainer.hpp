@@ -61,10 +61,11 @@ struct StepResult {
   float lr = 0.0f;             ///< learning rate used
   std::int64_t tokens = 0;     ///< tokens in the global batch
   double seconds = 0.0;        ///< wall time of the step
-  /// Idle share of the pipeline schedule's run (pp::ScheduleStats), mean over the pipeline
-  /// ranks; 0 with one stage.
+  /// Idle share of the pipeline ranks' time in the schedule (pp::pipeline_bubble_fraction);
+  /// 0 with one stage.
   double bubble_fraction = 0.0;
-  int peak_in_flight = 0;      ///< most micro-batches this rank held forwarded, not yet backwarded
+  /// Most (micro-batch, chunk) activations this rank held at once (pp::ScheduleStats).
+  int peak_in_flight = 0;
   /// Measured peak of tensor bytes this rank's thread held during the schedule above what it
   /// held before it (dsp::memory): stashed activations of the micro-batches in flight plus
   /// the temporaries of the layer running.
@@ -163,13 +164,12 @@ class Trainer {
       trace::Span span("optimizer.step", trace::Kind::Compute);
       optimizer_.step(r.lr);
     }
-    std::vector<double> totals{loss_sum[0], stats.bubble_fraction()};
-    mesh_->data_group().all_reduce(std::span(totals).first(1));
-    mesh_->pipeline_group().all_reduce(std::span(totals));  // the loss from the last stage; bubbles summed
+    mesh_->data_group().all_reduce(std::span(loss_sum));
+    mesh_->pipeline_group().all_reduce(std::span(loss_sum));  // from the last stage
     r.iteration = optimizer_.steps();
-    r.loss = totals[0] / loss_tokens;
+    r.loss = loss_sum[0] / loss_tokens;
     r.tokens = tc_.global_batch_size * seq;
-    r.bubble_fraction = mesh_->pp_size() > 1 ? totals[1] / mesh_->pp_size() : 0.0;
+    r.bubble_fraction = mesh_->pp_size() > 1 ? pp::pipeline_bubble_fraction(mesh_->pipeline_group(), stats) : 0.0;
     r.peak_in_flight = stats.peak_in_flight;
     r.peak_activation_bytes = peak_activation_bytes;
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
