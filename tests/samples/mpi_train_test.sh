@@ -38,39 +38,34 @@ max_rel_diff() {
     END { if (worst == "") worst = 0; print worst }'
 }
 
-# --- MPI run == thread run ------------------------------------------------------------------
-t0=$(now)
-"$bin/dsp-train" --world-size 4 "${model[@]}" --train-iters 20 --metrics-file "$work/threads.jsonl" >/dev/null \
-  || fail "thread run"
-t1=$(now)
-timeout 120 "${mpi[@]}" -n 4 "$bin/dsp-train" "${model[@]}" --train-iters 20 --metrics-file "$work/mpi.jsonl" \
-  >"$work/mpi.out" 2>&1 || fail "MPI run: $(cat "$work/mpi.out")"
-t2=$(now)
-grep -q "TP2/PP1/DP2" "$work/mpi.out" && ok || fail "MPI run did not report its layout: $(cat "$work/mpi.out")"
-if [ "$(losses "$work/threads.jsonl" | wc -l)" -eq 20 ] && [ "$(losses "$work/mpi.jsonl" | wc -l)" -eq 20 ]; then
-  worst=$(max_rel_diff "$work/threads.jsonl" "$work/mpi.jsonl")
-  awk -v w="$worst" 'BEGIN { exit !(w != "step mismatch" && w <= 1e-5) }' && ok \
-    || fail "MPI losses differ from the thread run's (max relative difference $worst)"
-  echo "max relative loss difference, MPI vs threads over 20 steps: $worst"
-else
-  fail "expected 20 losses from each run"
-fi
-awk -v a="$t0" -v b="$t1" -v c="$t2" 'BEGIN { printf "wall time: threads %.2f s, mpiexec -n 4 %.2f s\n", b - a, c - b }'
+# mpi_equals_threads NAME LAYOUT ARGS...: 20 steps of dsp-train on 4 threads and under
+# mpiexec -n 4 with ARGS give the same losses (<= 1e-5 relative) and the MPI run reports LAYOUT.
+mpi_equals_threads() {
+  local name=$1 layout=$2
+  shift 2
+  local t0 t1 t2 worst
+  t0=$(now)
+  "$bin/dsp-train" --world-size 4 "${model[@]}" "$@" --train-iters 20 --metrics-file "$work/$name-threads.jsonl" \
+    >/dev/null || fail "$name: thread run"
+  t1=$(now)
+  timeout 120 "${mpi[@]}" -n 4 "$bin/dsp-train" "${model[@]}" "$@" --train-iters 20 \
+    --metrics-file "$work/$name-mpi.jsonl" >"$work/$name-mpi.out" 2>&1 || fail "$name: MPI run: $(cat "$work/$name-mpi.out")"
+  t2=$(now)
+  grep -q "$layout" "$work/$name-mpi.out" && ok || fail "$name: MPI run did not report $layout: $(cat "$work/$name-mpi.out")"
+  if [ "$(losses "$work/$name-threads.jsonl" | wc -l)" -eq 20 ] && [ "$(losses "$work/$name-mpi.jsonl" | wc -l)" -eq 20 ]; then
+    worst=$(max_rel_diff "$work/$name-threads.jsonl" "$work/$name-mpi.jsonl")
+    awk -v w="$worst" 'BEGIN { exit !(w != "step mismatch" && w <= 1e-5) }' && ok \
+      || fail "$name: MPI losses differ from the thread run's (max relative difference $worst)"
+    echo "$name: max relative loss difference, MPI vs threads over 20 steps: $worst"
+  else
+    fail "$name: expected 20 losses from each run"
+  fi
+  awk -v a="$t0" -v b="$t1" -v c="$t2" -v n="$name" 'BEGIN { printf "%s: wall time: threads %.2f s, mpiexec -n 4 %.2f s\n", n, b - a, c - b }'
+}
 
-# --- TP2 x PP2 under MPI == the thread run ------------------------------------------------
-"$bin/dsp-train" --world-size 4 "${model[@]}" --pipeline-model-parallel-size 2 --train-iters 20 \
-  --metrics-file "$work/pp_threads.jsonl" >/dev/null || fail "TP2 x PP2 thread run"
-timeout 120 "${mpi[@]}" -n 4 "$bin/dsp-train" "${model[@]}" --pipeline-model-parallel-size 2 --train-iters 20 \
-  --metrics-file "$work/pp_mpi.jsonl" >"$work/pp_mpi.out" 2>&1 || fail "TP2 x PP2 MPI run: $(cat "$work/pp_mpi.out")"
-grep -q "TP2/PP2/DP1" "$work/pp_mpi.out" && ok || fail "TP2 x PP2 MPI run did not report its layout: $(cat "$work/pp_mpi.out")"
-if [ "$(losses "$work/pp_threads.jsonl" | wc -l)" -eq 20 ] && [ "$(losses "$work/pp_mpi.jsonl" | wc -l)" -eq 20 ]; then
-  worst=$(max_rel_diff "$work/pp_threads.jsonl" "$work/pp_mpi.jsonl")
-  awk -v w="$worst" 'BEGIN { exit !(w != "step mismatch" && w <= 1e-5) }' && ok \
-    || fail "TP2 x PP2 MPI losses differ from the thread run's (max relative difference $worst)"
-  echo "max relative loss difference, TP2 x PP2 MPI vs threads over 20 steps: $worst"
-else
-  fail "expected 20 losses from each TP2 x PP2 run"
-fi
+# --- MPI run == thread run (TP2 x DP2, and TP2 x PP2) ----------------------------------------
+mpi_equals_threads tp2dp2 "TP2/PP1/DP2"
+mpi_equals_threads tp2pp2 "TP2/PP2/DP1" --pipeline-model-parallel-size 2
 
 # --- --world-size must equal the MPI size ---------------------------------------------------
 timeout 60 "${mpi[@]}" -n 2 "$bin/dsp-train" "${model[@]}" --world-size 4 --train-iters 2 >"$work/out" 2>&1
