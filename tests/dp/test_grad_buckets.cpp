@@ -57,6 +57,12 @@ TEST_CASE("buckets group parameters in ready order up to the byte limit and neve
     // bf16 halves the payload: 60 elements per bucket
     dp::GradBuckets<comm::ThreadComm> h(world, raw(ps), {.bucket_size_bytes = 120, .grad_reduce_dtype = dp::GradReduceDType::Bf16});
     CHECK(h.size() == 3);  // {10, 20, 5}, {100}, {3}
+    // own_bucket (a tied table split over stages): alone, the others fill around it
+    dp::GradBuckets<comm::ThreadComm> o(world, raw(ps), {.bucket_size_bytes = 1000}, ps[2].get());
+    REQUIRE(o.size() == 3);
+    CHECK(o.bucket(0) == std::vector<model::Parameter*>{ps[0].get(), ps[1].get()});
+    CHECK(o.bucket(1) == std::vector<model::Parameter*>{ps[2].get()});
+    CHECK(o.bucket(2) == std::vector<model::Parameter*>{ps[3].get(), ps[4].get()});
     CHECK_THROWS_AS(dp::GradBuckets<comm::ThreadComm>(world, raw(ps), {.bucket_size_bytes = 0}), ConfigError);
     CHECK_THROWS_WITH_AS(dp::grad_reduce_dtype_from_name("fp16"), doctest::Contains("fp32 or bf16"), ConfigError);
   });

@@ -62,18 +62,24 @@ template <comm::Communicator Comm>
 class GradBuckets {
  public:
   /// params: this rank's parameters in the order backward finishes their gradients (e.g.
-  /// CausalLM::grad_ready_order()). Collective over `dp`: checks that every DP rank made the
-  /// same buckets (count, elements, dtype). Throws ConfigError when bucket_size_bytes < 1 or
-  /// the ranks' buckets differ (e.g. different --ddp-bucket-size or --grad-reduce-dtype).
-  GradBuckets(Comm& dp, const std::vector<model::Parameter*>& params, DdpConfig config)
+  /// CausalLM::grad_ready_order()). own_bucket: a parameter that gets a bucket to itself (the
+  /// tied embedding of a model split over stages: the first and last stage then all-reduce
+  /// identical buffers, so both copies get bitwise the same sum whatever algorithm the
+  /// communicator picks for a message size). Collective over `dp`: checks that every DP rank
+  /// made the same buckets (count, elements, dtype). Throws ConfigError when
+  /// bucket_size_bytes < 1 or the ranks' buckets differ (e.g. different --ddp-bucket-size or
+  /// --grad-reduce-dtype).
+  GradBuckets(Comm& dp, const std::vector<model::Parameter*>& params, DdpConfig config,
+              const model::Parameter* own_bucket = nullptr)
       : dp_(&dp), config_(config) {
     DSP_CHECK_AS(ConfigError, config.bucket_size_bytes >= 1, "--ddp-bucket-size must be >= 1 byte, got ",
                  config.bucket_size_bytes);
     const std::int64_t elem = config.grad_reduce_dtype == GradReduceDType::Bf16 ? 2 : 4;
     for (auto* p : params) {
       const std::int64_t bytes = p->grad.numel() * elem;
-      if (buckets_.empty() || (buckets_.back().elements > 0 &&
-                               (buckets_.back().elements * elem + bytes > config.bucket_size_bytes)))
+      const bool alone = p == own_bucket || (!buckets_.empty() && buckets_.back().params.back() == own_bucket);
+      if (buckets_.empty() || alone ||
+          (buckets_.back().elements > 0 && (buckets_.back().elements * elem + bytes > config.bucket_size_bytes)))
         buckets_.emplace_back();
       Bucket& b = buckets_.back();
       where_[p] = static_cast<int>(buckets_.size() - 1);

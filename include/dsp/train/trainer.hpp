@@ -7,7 +7,8 @@
 //   gradient buckets over DP (overlapped with backward when --overlap-grad-reduce);
 //   tied embeddings split over stages: the first and last stage sum their table's gradients
 //   (before that table's DP reduction, so every DP rank and any later optimizer-state
-//   partition sees the complete gradient);
+//   partition sees the complete gradient; the table has a DP bucket of its own on both
+//   stages, so both copies get bitwise the same reduction);
 //   clip the global gradient norm; AdamW with the warmup + cosine learning rate.
 // The loss is normalised by the global number of loss tokens (every micro-batch on every
 // DP rank), so any (TP, PP, DP, micro-batch) split of the same global batch gives the same
@@ -96,7 +97,7 @@ class Trainer {
                 {tc.micro_batch_size * config.seq_length, config.hidden_size}),
         optimizer_(parameters(), tc.adam),
         clipper_(parameters(), mesh.tp_size(), mesh.tp_rank()),
-        buckets_(mesh.data_group(), grad_ready_order(), tc.ddp),
+        buckets_(mesh.data_group(), grad_ready_order(), tc.ddp, tied_embedding()),
         schedule_{tc.lr, tc.min_lr, tc.lr_warmup_iters, tc.lr_decay_iters > 0 ? tc.lr_decay_iters : tc.train_iters} {
     DSP_CHECK_AS(ConfigError, data.seq_length() == config.seq_length, "data windows of ", data.seq_length(),
                  " tokens do not match --seq-length ", config.seq_length);
@@ -254,18 +255,21 @@ class Trainer {
 
   Stage& chunk(int virtual_stage) { return *stages_[static_cast<std::size_t>(engine_.schedule().chunk_of(virtual_stage))]; }
 
+  // This rank's table of tied embeddings split over stages, or null.
+  model::Parameter* tied_embedding() {
+    for (auto& s : stages_)
+      if (model::Parameter* t = s->tied_embedding()) return t;
+    return nullptr;
+  }
+
   // The order gradients become final on this rank: chunk after chunk as their last backward
   // comes in the schedule; a tied table last of all (it waits for the other stage's part).
   std::vector<model::Parameter*> grad_ready_order() {
     std::vector<model::Parameter*> out;
-    model::Parameter* tied = nullptr;
+    model::Parameter* tied = tied_embedding();
     for (int c : chunks_by_last_backward())
-      for (auto* p : stages_[static_cast<std::size_t>(c)]->grad_ready_order()) {
-        if (p == stages_[static_cast<std::size_t>(c)]->tied_embedding())
-          tied = p;
-        else
-          out.push_back(p);
-      }
+      for (auto* p : stages_[static_cast<std::size_t>(c)]->grad_ready_order())
+        if (p != tied) out.push_back(p);
     if (tied) out.push_back(tied);
     return out;
   }
@@ -295,13 +299,11 @@ class Trainer {
   // Tied embeddings over stages: the first and last stage sum their table's gradient, then
   // it is final (its DP bucket may start).
   void sum_tied_embedding_grads() {
-    if (!embedding_group_) return;
-    for (auto& s : stages_)
-      if (model::Parameter* t = s->tied_embedding()) {
-        trace::Span span("tied_embedding.all_reduce", trace::Kind::Comm);
-        embedding_group_->all_reduce(t->grad.span());
-        buckets_.mark_ready(*t);
-      }
+    model::Parameter* t = tied_embedding();
+    if (!embedding_group_ || !t) return;
+    trace::Span span("tied_embedding.all_reduce", trace::Kind::Comm);
+    embedding_group_->all_reduce(t->grad.span());
+    buckets_.mark_ready(*t);
   }
 
   TrainConfig tc_;
