@@ -3,12 +3,29 @@
 # sharded, reshard it to TP1 and TP4, generate text at both, and check that the served
 # models are the trained one (max |logit diff| <= 1e-4 on 9 prompts of different lengths).
 # Outputs go to $DSP_DEMO_DIR (default out/demo).
+# `scripts/demo.sh pp`: the pipeline demo instead: the same model trained TP2 x PP2, its
+# checkpoint served at TP4 on one stage and checked against the TP2 x PP2 layout
+# (default out/demo_pp).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 cmake --preset default >/dev/null
 cmake --build --preset default -j2 --target dsp-train dsp-generate dsp-reshard dsp-consistency-check
 bin=build/default/samples
+
+if [ "${1:-}" = pp ]; then
+  out=${DSP_DEMO_DIR:-out/demo_pp}
+  mkdir -p "$out"
+  echo "== 1. train (TP2 x PP2, world 4, 1F1B) =="
+  "$bin/dsp-train" --config samples/configs/demo_pp.json --save "$out/ckpt" --metrics-file "$out/metrics.jsonl"
+  echo "== 2. serve at TP4 on one pipeline stage: generate, and check against the TP2 x PP2 layout =="
+  "$bin/dsp-generate" --load "$out/ckpt" --tensor-model-parallel-size 4 --prompt "JULIET:" --max-new-tokens 90 \
+    --temperature 0.8 --top-k 40 --top-p 0.95 --seed 7
+  "$bin/dsp-consistency-check" --load "$out/ckpt" --tensor-model-parallel-size 4
+  echo "pipeline demo finished: checkpoint and metrics in $out"
+  exit 0
+fi
+
 out=${DSP_DEMO_DIR:-out/demo}
 mkdir -p "$out"
 
