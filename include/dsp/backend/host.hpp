@@ -9,6 +9,7 @@
 #include "dsp/backend/host/linear.hpp"
 #include "dsp/backend/host/rms_norm.hpp"
 #include "dsp/backend/host/rope.hpp"
+#include "dsp/backend/host/router.hpp"
 #include "dsp/backend/host/sigmoid.hpp"
 #include "dsp/backend/host/softmax.hpp"
 #include "dsp/backend/host/swiglu.hpp"

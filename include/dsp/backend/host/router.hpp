@@ -1,0 +1,197 @@
+#pragma once
+// Host ops of mixture-of-experts routing (used by dsp::ep): top-k expert selection with
+// group-limited masking, gate weights and their backward, the sequence-wise balance loss,
+// expert counts, the auxiliary-loss-free bias step and capacity dropping. fp32 data, fp64
+// sums. Sources: DeepSeek-V2 report (softmax top-k, sequence-wise auxiliary loss); DeepSeek-V3
+// report section 2.1.2, eqs 12-20 (sigmoid scores, correction bias, balance loss); Hugging Face
+// modeling_deepseek MoEGate (group-limited selection).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <utility>
+#include <vector>
+
+#include "dsp/backend/host/host.hpp"
+#include "dsp/core/error.hpp"
+
+namespace dsp::backend {
+
+/// chosen [tokens, top_k] = per token, the top_k experts by biased score scores[e] + bias[e]
+/// (scores [tokens, experts]; bias [experts] or nullptr for none), best first, ties to the lower
+/// index. Group-limited when group_topk < groups: the experts split into `groups` contiguous
+/// groups, a group scores the sum of its top-2 biased scores (its top-1 for groups of one
+/// expert), the group_topk best groups are kept (ties to the lower group) and every other
+/// expert is masked to -inf, so it can never be chosen, even when all biased scores are
+/// negative. Requires experts % groups == 0 and top_k <= group_topk * experts / groups (the
+/// caller validates). Throws Error for a NaN biased score. Overwrites chosen.
+inline void router_topk(Host, const float* scores, const float* bias, std::int64_t tokens, std::int64_t experts,
+                        std::int64_t groups, std::int64_t group_topk, std::int64_t top_k, std::int32_t* chosen) {
+  const std::int64_t per_group = experts / groups;
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  std::vector<float> biased(experts), group_score(groups);
+  std::vector<std::int32_t> order(std::max(experts, groups));
+  const auto better = [](const std::vector<float>& v) {
+    return [&v](std::int32_t a, std::int32_t b) { return v[a] > v[b] || (v[a] == v[b] && a < b); };
+  };
+  for (std::int64_t t = 0; t < tokens; ++t) {
+    for (std::int64_t e = 0; e < experts; ++e) {
+      biased[e] = scores[t * experts + e] + (bias ? bias[e] : 0.0f);
+      DSP_CHECK(!std::isnan(biased[e]), "router: NaN score for token ", t, " expert ", e);
+    }
+    if (group_topk < groups) {
+      for (std::int64_t g = 0; g < groups; ++g) {
+        float first = neg_inf, second = neg_inf;
+        for (std::int64_t e = g * per_group; e < (g + 1) * per_group; ++e) {
+          if (biased[e] > first) second = std::exchange(first, biased[e]);
+          else if (biased[e] > second) second = biased[e];
+        }
+        group_score[g] = per_group >= 2 ? first + second : first;
+      }
+      std::iota(order.begin(), order.begin() + groups, 0);
+      std::partial_sort(order.begin(), order.begin() + group_topk, order.begin() + groups, better(group_score));
+      for (std::int64_t i = group_topk; i < groups; ++i)
+        std::fill_n(biased.begin() + order[i] * per_group, per_group, neg_inf);
+    }
+    std::iota(order.begin(), order.begin() + experts, 0);
+    std::partial_sort(order.begin(), order.begin() + top_k, order.begin() + experts, better(biased));
+    std::copy_n(order.begin(), top_k, chosen + t * top_k);
+  }
+}
+
+/// weights [tokens, top_k] = scale * r_j, r_j = scores[t, chosen[t, j]] (unbiased scores
+/// [tokens, experts]), divided by (sum_j r_j + 1e-20) when `normalize` (the epsilon is Hugging
+/// Face's and Megatron's). Overwrites weights.
+inline void router_gate_weights(Host, const float* scores, const std::int32_t* chosen, std::int64_t tokens,
+                                std::int64_t experts, std::int64_t top_k, bool normalize, float scale, float* weights) {
+  for (std::int64_t t = 0; t < tokens; ++t) {
+    double sum = 0.0;
+    for (std::int64_t j = 0; j < top_k; ++j) sum += scores[t * experts + chosen[t * top_k + j]];
+    const float denom = normalize ? static_cast<float>(sum + 1e-20) : 1.0f;
+    for (std::int64_t j = 0; j < top_k; ++j)
+      weights[t * top_k + j] = scale * (scores[t * experts + chosen[t * top_k + j]] / denom);
+  }
+}
+
+/// Backward of router_gate_weights: dscores [tokens, experts] from dweights [tokens, top_k];
+/// the selection is piecewise constant, so unchosen experts get exactly 0. Slots with
+/// kept[t, j] == 0 (dropped by capacity; kept may be nullptr = all kept) have weight constant
+/// 0: their dweights are ignored, but their score still enters the normalising sum.
+/// With D = sum_j r_j + 1e-20: dr_j = scale (g_j / D - sum_l g_l r_l / D^2) when normalize,
+/// else scale g_j. Overwrites dscores.
+inline void router_gate_weights_backward(Host, const float* scores, const std::int32_t* chosen,
+                                         const std::uint8_t* kept, const float* dweights, std::int64_t tokens,
+                                         std::int64_t experts, std::int64_t top_k, bool normalize, float scale,
+                                         float* dscores) {
+  std::fill_n(dscores, tokens * experts, 0.0f);
+  for (std::int64_t t = 0; t < tokens; ++t) {
+    const std::int32_t* c = chosen + t * top_k;
+    const auto g = [&](std::int64_t j) { return kept && !kept[t * top_k + j] ? 0.0 : double(dweights[t * top_k + j]); };
+    double sum = 0.0, gr = 0.0;
+    for (std::int64_t j = 0; j < top_k; ++j) {
+      sum += scores[t * experts + c[j]];
+      gr += g(j) * scores[t * experts + c[j]];
+    }
+    const double d = normalize ? static_cast<float>(sum + 1e-20) : 1.0;
+    for (std::int64_t j = 0; j < top_k; ++j)
+      dscores[t * experts + c[j]] = static_cast<float>(scale * (normalize ? g(j) / d - gr / (d * d) : g(j)));
+  }
+}
+
+/// DeepSeek-V3 eqs 17-20 (sequence-wise balance loss), averaged over the sequences: tokens =
+/// sequences x seq_len rows, sequence-major. Per sequence of T = seq_len tokens,
+/// f_i = E / (top_k T) * #{t : i in chosen[t]}, P_i = 1/T sum_t s'_{t,i}, s'_t = scores_t /
+/// (sum_e scores_t,e + 1e-20); L = alpha * mean over sequences of sum_i f_i P_i.
+/// scores [tokens, experts], chosen [tokens, top_k]; tokens % seq_len == 0 (caller checks).
+/// Returns 0 for no tokens.
+inline float sequence_balance_loss(Host, const float* scores, const std::int32_t* chosen, std::int64_t tokens,
+                                   std::int64_t experts, std::int64_t top_k, std::int64_t seq_len, float alpha) {
+  const std::int64_t sequences = tokens / seq_len;
+  std::vector<double> count(experts), p(experts);
+  double total = 0.0;
+  for (std::int64_t b = 0; b < sequences; ++b) {
+    std::fill(count.begin(), count.end(), 0.0);
+    std::fill(p.begin(), p.end(), 0.0);
+    for (std::int64_t t = b * seq_len; t < (b + 1) * seq_len; ++t) {
+      for (std::int64_t j = 0; j < top_k; ++j) count[chosen[t * top_k + j]] += 1.0;
+      const float* s = scores + t * experts;
+      const double denom = std::accumulate(s, s + experts, 0.0) + 1e-20;
+      for (std::int64_t e = 0; e < experts; ++e) p[e] += s[e] / denom;
+    }
+    for (std::int64_t e = 0; e < experts; ++e)
+      total += double(experts) / double(top_k * seq_len) * count[e] * p[e] / double(seq_len);
+  }
+  return sequences ? static_cast<float>(alpha * total / double(sequences)) : 0.0f;
+}
+
+/// Backward of sequence_balance_loss through P only (the counts f are piecewise constant):
+/// dscores [tokens, experts] = dloss * dL/dscores, i.e. with c_i = alpha f_i / (T sequences),
+/// ds_t,e = dloss (c_e / D_t - sum_i c_i s_t,i / D_t^2), D_t = sum_e s_t,e + 1e-20.
+/// Overwrites dscores.
+inline void sequence_balance_loss_backward(Host, const float* scores, const std::int32_t* chosen,
+                                           std::int64_t tokens, std::int64_t experts, std::int64_t top_k,
+                                           std::int64_t seq_len, float alpha, float dloss, float* dscores) {
+  const std::int64_t sequences = tokens / seq_len;
+  std::vector<double> c(experts);
+  for (std::int64_t b = 0; b < sequences; ++b) {
+    std::fill(c.begin(), c.end(), 0.0);
+    const double unit = double(alpha) * dloss * experts / (double(top_k) * seq_len * seq_len * sequences);
+    for (std::int64_t t = b * seq_len; t < (b + 1) * seq_len; ++t)
+      for (std::int64_t j = 0; j < top_k; ++j) c[chosen[t * top_k + j]] += unit;
+    for (std::int64_t t = b * seq_len; t < (b + 1) * seq_len; ++t) {
+      const float* s = scores + t * experts;
+      const double d = std::accumulate(s, s + experts, 0.0) + 1e-20;
+      double cs = 0.0;
+      for (std::int64_t e = 0; e < experts; ++e) cs += c[e] * s[e];
+      for (std::int64_t e = 0; e < experts; ++e) dscores[t * experts + e] = static_cast<float>(c[e] / d - cs / (d * d));
+    }
+  }
+}
+
+/// counts [experts] = how many of chosen [n] name each expert. Throws Error for an index
+/// outside [0, experts). Overwrites counts.
+inline void expert_counts(Host, const std::int32_t* chosen, std::int64_t n, std::int64_t experts,
+                          std::int64_t* counts) {
+  std::fill_n(counts, experts, 0);
+  for (std::int64_t i = 0; i < n; ++i) {
+    DSP_CHECK(chosen[i] >= 0 && chosen[i] < experts, "expert index ", chosen[i], " outside [0, ", experts, ")");
+    ++counts[chosen[i]];
+  }
+}
+
+/// bias [experts] += gamma * sign(mean - load[e]) with mean = sum(load) / experts (fp64):
+/// overloaded experts go down, underloaded up, those exactly at the mean stay. In place.
+inline void expert_bias_update(Host, float* bias, const std::int64_t* load, std::int64_t experts, float gamma) {
+  const double mean = double(std::accumulate(load, load + experts, std::int64_t{0})) / double(experts);
+  for (std::int64_t e = 0; e < experts; ++e) bias[e] += gamma * static_cast<float>((mean > load[e]) - (mean < load[e]));
+}
+
+/// Capacity dropping: among the slots of chosen [tokens, top_k] still kept (kept [tokens,
+/// top_k], 1/0, in/out), each expert keeps at most `capacity`: the highest weights (weights
+/// [tokens, top_k]; ties to the earlier slot) when by_weight, else the earliest slots (token
+/// order). Dropped slots get kept = 0 and weight 0. dropped [experts] = newly dropped slots
+/// per expert (overwritten); returns their total.
+inline std::int64_t capacity_drop(Host, const std::int32_t* chosen, std::int64_t tokens, std::int64_t top_k,
+                                  std::int64_t experts, std::int64_t capacity, bool by_weight, float* weights,
+                                  std::uint8_t* kept, std::int64_t* dropped) {
+  std::vector<std::int64_t> slots;
+  for (std::int64_t i = 0; i < tokens * top_k; ++i)
+    if (kept[i]) slots.push_back(i);
+  std::stable_sort(slots.begin(), slots.end(), [&](std::int64_t a, std::int64_t b) {
+    return chosen[a] < chosen[b] || (chosen[a] == chosen[b] && by_weight && weights[a] > weights[b]);
+  });
+  std::fill_n(dropped, experts, 0);
+  std::int64_t total = 0, run = 0;
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    run = (i > 0 && chosen[slots[i]] == chosen[slots[i - 1]]) ? run + 1 : 0;
+    if (run < capacity) continue;
+    kept[slots[i]] = 0;
+    weights[slots[i]] = 0.0f;
+    ++dropped[chosen[slots[i]]];
+    ++total;
+  }
+  return total;
+}
+
+}  // namespace dsp::backend
