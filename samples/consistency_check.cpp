@@ -57,8 +57,8 @@ Logits logits_at(const std::string& dir, int tp, const std::vector<std::vector<s
 
 // Full-forward logits [len, vocab] of every prompt from `dir` at TP `tp` x PP `pp`, the
 // layers split evenly over the stages (pp::even_layer_split; needs num_layers >= pp): stage r
-// runs PipelineStage::infer on the hidden states of stage r - 1 (received over the pipeline
-// group), the last stage gathers its logits over its TP group and drops the vocabulary padding.
+// runs PipelineStage::infer on the hidden states of stage r - 1 (pp::forward_stages), the
+// last stage gathers its logits over its TP group and drops the vocabulary padding.
 std::vector<dsp::Tensor> pipeline_logits(const std::string& dir, int tp, int pp,
                                          const std::vector<std::vector<std::int32_t>>& ids) {
   using Backend = samples::HostPolicy::Backend;
@@ -67,7 +67,6 @@ std::vector<dsp::Tensor> pipeline_logits(const std::string& dir, int tp, int pp,
   std::vector<dsp::Tensor> out;
   dsp::comm::launch(tp * pp, [&](dsp::comm::ThreadComm& world) {
     dsp::DeviceMesh mesh(world, dsp::ParallelLayout{.tensor = tp, .pipeline = pp});
-    auto& pipe = mesh.pipeline_group();
     auto& tensor = mesh.tensor_group();
     const int r = mesh.pp_rank();
     dsp::pp::PipelineStage<samples::HostPolicy> stage(config, tensor, stages[static_cast<std::size_t>(r)], 0);
@@ -78,16 +77,9 @@ std::vector<dsp::Tensor> pipeline_logits(const std::string& dir, int tp, int pp,
       const auto len = static_cast<std::int64_t>(prompt.size());
       auto ctx = dsp::model::ForwardContext::for_training(1, len);
       ctx.training = false;
-      dsp::Tensor x;
-      if (r > 0) {
-        x = dsp::Tensor({len, config.hidden_size});
-        pipe.recv(x.span(), r - 1, dsp::pp::kActivationTag);
-      }
-      x = stage.infer(ctx, prompt, std::move(x));
-      if (r + 1 < pp) {
-        pipe.send(std::span<const float>(x.span()), r + 1, dsp::pp::kActivationTag);
-        continue;
-      }
+      const dsp::Tensor x = dsp::pp::forward_stages(mesh.pipeline_group(), pp, {len, config.hidden_size},
+                                                    [&](int, dsp::Tensor in) { return stage.infer(ctx, prompt, std::move(in)); });
+      if (r + 1 < pp) continue;
       const dsp::Tensor all = dsp::tp::GatherFromTpRegion<Backend>::forward(tensor, x);  // [len, padded vocab]
       dsp::Tensor logits({len, config.vocab_size});
       dsp::backend::copy_columns(Backend{}, all.data(), all.dim(1), 0, logits.data(), config.vocab_size, 0, len,

@@ -24,23 +24,15 @@ namespace {
 const std::vector<std::int32_t> kTokens = {70, 105, 114, 115, 116, 32, 67, 105, 116, 105, 122, 101, 110, 58};
 
 // Logits [tokens, vocab] of the trainer's pipeline on kTokens (TP1): the stages run `infer`
-// in order, handing hidden states over the pipeline group; the last stage's rank returns them.
+// in order (pp::forward_stages); the last stage's rank returns them, the others an empty tensor.
 Tensor pipeline_logits(train::Trainer<P>& t) {
-  const auto& sched = t.engine().schedule();
-  auto& pipe = t.mesh().pipeline_group();
   auto ctx = model::ForwardContext::for_training(1, static_cast<std::int64_t>(kTokens.size()));
   ctx.training = false;
-  Tensor x;
-  for (int s = 0; s < sched.num_stages(); ++s) {
-    if (sched.rank_of(s) != pipe.rank()) continue;
-    if (s > 0) {
-      x = Tensor({ctx.tokens(), t.model_config().hidden_size});
-      pipe.recv(x.span(), sched.rank_of(s - 1), pp::kActivationTag);
-    }
-    x = t.stages()[static_cast<std::size_t>(sched.chunk_of(s))]->infer(ctx, kTokens, std::move(x));
-    if (s + 1 < sched.num_stages()) pipe.send(std::span<const float>(x.span()), sched.rank_of(s + 1), pp::kActivationTag);
-  }
-  return sched.rank_of(sched.num_stages() - 1) == pipe.rank() ? x : Tensor{};
+  return pp::forward_stages(t.mesh().pipeline_group(), t.engine().schedule().num_stages(),
+                            {ctx.tokens(), t.model_config().hidden_size}, [&](int s, Tensor x) {
+                              const auto chunk = static_cast<std::size_t>(t.engine().schedule().chunk_of(s));
+                              return t.stages()[chunk]->infer(ctx, kTokens, std::move(x));
+                            });
 }
 
 train::TrainConfig train_config(const char* schedule) {

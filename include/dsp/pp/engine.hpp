@@ -14,6 +14,7 @@
 // (Narayanan et al., SC'21, section 2.2; theoretical_bubble_fraction). One rank's own
 // 1 - busy / wall (ScheduleStats::bubble_fraction) leaves out its wait after its last action,
 // so it is lower on the ranks that finish first.
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -56,6 +57,31 @@ double pipeline_bubble_fraction(Comm& pipeline, const ScheduleStats& stats) {
 /// channel matched in order (what validate() checks the schedules against).
 inline constexpr int kActivationTag = 1;
 inline constexpr int kGradTag = 2;
+
+/// Forward only, stage after stage (evaluation, inference): for each virtual stage s of
+/// `num_stages` held by this rank (s % p == rank, Megatron's layout), receives the previous
+/// stage's output (boundary shape) unless s == 0, runs y = fn(s, x) (x empty on stage 0) and
+/// sends y to the next stage's rank unless s is the last. Returns the last stage's output on
+/// its rank, an empty tensor elsewhere. Collective over `pipeline`; sends are buffered, so the
+/// stages of one rank simply run in order.
+template <comm::Communicator Comm, class Fn>
+Tensor forward_stages(Comm& pipeline, int num_stages, const Shape& boundary, Fn fn) {
+  const int p = pipeline.size();
+  Tensor last;
+  for (int s = pipeline.rank(); s < num_stages; s += p) {
+    Tensor x;
+    if (s > 0) {
+      x = Tensor(boundary);
+      pipeline.recv(x.span(), (s - 1) % p, kActivationTag);
+    }
+    Tensor y = fn(s, std::move(x));
+    if (s + 1 < num_stages)
+      pipeline.send(std::span<const float>(y.span()), (s + 1) % p, kActivationTag);
+    else
+      last = std::move(y);
+  }
+  return last;
+}
 
 template <comm::Communicator Comm>
 class Engine {
@@ -150,6 +176,17 @@ class Engine {
   }
 
   const Schedule& schedule() const { return schedule_; }
+
+  /// This rank's virtual stages in the order their last backward runs (when each stage's
+  /// gradients become final for the step).
+  std::vector<int> stages_by_last_backward() const {
+    std::vector<std::pair<std::size_t, int>> by_index;
+    for (auto [stage, index] : last_backward_) by_index.emplace_back(index, stage);
+    std::sort(by_index.begin(), by_index.end());
+    std::vector<int> out;
+    for (auto [index, stage] : by_index) out.push_back(stage);
+    return out;
+  }
 
  private:
   using Key = std::pair<int, int>;  // (micro-batch, virtual stage)

@@ -86,14 +86,9 @@ class PipelineStage {
     act.ctx = ctx;
     act.ids = std::move(ids);
     act.targets = std::move(targets);
-    act.blocks.resize(blocks_.size());
-    if (embed_) x = embed_->forward(act.ids);
-    DSP_CHECK(x.rank() == 2 && x.dim(0) == ctx.tokens() && x.dim(1) == config_.hidden_size, "pipeline stage input ",
-              shape_str(x.shape()), " is not [", ctx.tokens(), ", ", config_.hidden_size, "]");
-    for (std::size_t l = 0; l < blocks_.size(); ++l) x = blocks_[l]->forward(ctx, x, &act.blocks[l]);
-    if (!layers_.post_process) return x;
-    act.normed = final_norm_->forward(x, &act.final_norm);
-    act.logits = lm_head_->forward(act.normed);
+    Tensor y = run(ctx, act.ids, std::move(x), &act);
+    if (!layers_.post_process) return y;
+    act.logits = std::move(y);
     const auto loss = loss_.forward(act.logits, act.targets, act.loss);
     return Tensor({static_cast<std::int64_t>(loss.size())}, loss);
   }
@@ -116,8 +111,10 @@ class PipelineStage {
     const auto ready = [&](Parameter& p) {
       if (on_grad_ready && &p != tied_embedding()) (*on_grad_ready)(p);
     };
-    Tensor dx = dy;
-    if (layers_.post_process) {
+    Tensor dx;
+    if (!layers_.post_process) {
+      dx = dy;
+    } else {
       dx = lm_head_->backward(act.normed, loss_.backward(act.logits, act.targets, dy.span(), act.loss));
       if (!config_.tie_word_embeddings) ready(lm_head_->weight());
       dx = final_norm_->backward(dx, act.final_norm);
@@ -143,10 +140,7 @@ class PipelineStage {
   /// ctx.cache when set). Returns the hidden states for the next stage, or on the last stage
   /// this rank's logits [batch * seq, vocab_padded / tp] (padding columns must be masked).
   Tensor infer(const model::ForwardContext& ctx, const std::vector<std::int32_t>& ids, Tensor x) {
-    if (embed_) x = embed_->forward(ids);
-    for (auto& b : blocks_) x = b->forward(ctx, x, nullptr);
-    if (!layers_.post_process) return x;
-    return lm_head_->forward(final_norm_->forward(x, nullptr));
+    return run(ctx, ids, std::move(x), nullptr);
   }
 
   /// Every parameter of this stage once, in a fixed order (a tied table appears once; on the
@@ -196,6 +190,23 @@ class PipelineStage {
   static constexpr const char* embed_name = "model.embed_tokens.weight";
 
  protected:
+  // The embedding (first stage), this stage's blocks and, on the last stage, the final norm
+  // and output layer: hidden states [tokens, hidden] or logits [tokens, vocab_padded / tp].
+  // act: keeps what backward needs (null: inference). Throws Error when x (on a stage without
+  // the embedding) is not [ctx.tokens(), hidden].
+  Tensor run(const model::ForwardContext& ctx, const std::vector<std::int32_t>& ids, Tensor x, Activations* act) {
+    if (embed_) x = embed_->forward(ids);
+    DSP_CHECK(x.rank() == 2 && x.dim(0) == ctx.tokens() && x.dim(1) == config_.hidden_size, "pipeline stage input ",
+              shape_str(x.shape()), " is not [", ctx.tokens(), ", ", config_.hidden_size, "]");
+    if (act) act->blocks.resize(blocks_.size());
+    for (std::size_t l = 0; l < blocks_.size(); ++l) x = blocks_[l]->forward(ctx, x, act ? &act->blocks[l] : nullptr);
+    if (!layers_.post_process) return x;
+    Tensor normed = final_norm_->forward(x, act ? &act->final_norm : nullptr);
+    Tensor logits = lm_head_->forward(normed);
+    if (act) act->normed = std::move(normed);
+    return logits;
+  }
+
   static const model::ModelConfig& checked(const model::ModelConfig& c, int tp, const StageLayers& layers) {
     c.validate(tp);
     DSP_CHECK_AS(ConfigError, layers.first_layer >= 0 && layers.num_layers >= 0 &&

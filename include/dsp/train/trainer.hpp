@@ -183,8 +183,6 @@ class Trainer {
   double evaluate() {
     const std::int64_t seq = data_->seq_length(), per_rank = tc_.global_batch_size / mesh_->dp_size();
     const std::int64_t batches = std::min(tc_.eval_iters, data_->val_windows() / tc_.global_batch_size);
-    const pp::Schedule& sched = engine_.schedule();
-    auto& pipe = mesh_->pipeline_group();
     std::vector<double> sums{0.0, 0.0};  // loss sum (last stage), tokens
     std::vector<std::int32_t> inputs, targets;
     const auto ctx = model::ForwardContext::for_training(tc_.micro_batch_size, seq);
@@ -194,21 +192,12 @@ class Trainer {
         std::iota(windows.begin(), windows.end(), b * tc_.global_batch_size + mesh_->dp_rank() * per_rank + m);
         data_->batch(true, windows, inputs, targets);
         sums[1] += count_loss_tokens(targets);
-        for (int s = 0; s < sched.num_stages(); ++s) {
-          if (sched.rank_of(s) != pipe.rank()) continue;
-          Tensor x;
-          if (s > 0) {
-            x = Tensor({tc_.micro_batch_size * seq, model_config().hidden_size});
-            pipe.recv(x.span(), sched.rank_of(s - 1), pp::kActivationTag);
-          }
-          typename Stage::Activations act;
-          Stage& stage = chunk(s);
-          Tensor out = stage.forward(ctx, inputs, targets, std::move(x), act);
-          if (s + 1 < sched.num_stages())
-            pipe.send(std::span<const float>(out.span()), sched.rank_of(s + 1), pp::kActivationTag);
-          else
-            sums[0] += std::accumulate(out.values().begin(), out.values().end(), 0.0);
-        }
+        const Tensor loss = pp::forward_stages(mesh_->pipeline_group(), engine_.schedule().num_stages(),
+                                               {ctx.tokens(), model_config().hidden_size}, [&](int s, Tensor x) {
+                                                 typename Stage::Activations act;
+                                                 return chunk(s).forward(ctx, inputs, targets, std::move(x), act);
+                                               });
+        sums[0] += std::accumulate(loss.values().begin(), loss.values().end(), 0.0);
       }
     mesh_->data_group().all_reduce(std::span(sums));
     mesh_->pipeline_group().all_reduce(std::span(sums).first(1));
@@ -267,23 +256,11 @@ class Trainer {
   std::vector<model::Parameter*> grad_ready_order() {
     std::vector<model::Parameter*> out;
     model::Parameter* tied = tied_embedding();
-    for (int c : chunks_by_last_backward())
-      for (auto* p : stages_[static_cast<std::size_t>(c)]->grad_ready_order())
+    for (int s : engine_.stages_by_last_backward())
+      for (auto* p : chunk(s).grad_ready_order())
         if (p != tied) out.push_back(p);
     if (tied) out.push_back(tied);
     return out;
-  }
-  // Chunks of this rank in the order of their last backward in the schedule.
-  std::vector<int> chunks_by_last_backward() const {
-    const pp::Schedule& sched = engine_.schedule();
-    const auto& actions = sched.ranks[static_cast<std::size_t>(mesh_->pp_rank())];
-    std::vector<std::size_t> last(stages_.size(), 0);
-    for (std::size_t i = 0; i < actions.size(); ++i)
-      if (actions[i].op == pp::Op::Backward) last[static_cast<std::size_t>(sched.chunk_of(actions[i].stage))] = i;
-    std::vector<int> order(stages_.size());
-    std::iota(order.begin(), order.end(), 0);
-    std::sort(order.begin(), order.end(), [&](int a, int b) { return last[static_cast<std::size_t>(a)] < last[static_cast<std::size_t>(b)]; });
-    return order;
   }
 
   std::vector<MicroBatch> next_micro_batches() {
