@@ -70,7 +70,7 @@ std::vector<dsp::Tensor> pipeline_logits(const std::string& dir, int tp, int pp,
     auto& tensor = mesh.tensor_group();
     const int r = mesh.pp_rank();
     dsp::pp::PipelineStage<samples::HostPolicy> stage(config, tensor, stages[static_cast<std::size_t>(r)], 0);
-    dsp::checkpoint::load_into(dir, dsp::checkpoint::parameter_state(stage.parameters(), dsp::checkpoint::StateUse::Load),
+    dsp::checkpoint::load_into(dir, dsp::checkpoint::stage_state(stage, dsp::checkpoint::StateUse::Load),
                                tp, mesh.tp_rank());  // a last stage's tied copy too
     std::vector<dsp::Tensor> mine;
     for (const auto& prompt : ids) {

@@ -23,10 +23,19 @@ inline State parameter_state(const std::vector<model::Parameter*>& params, State
   return s;
 }
 
-/// Every parameter of a whole model as checkpoint entries.
+/// A pipeline stage's (or whole model's) parameters and buffers (MoE expert biases) as
+/// checkpoint entries.
+template <class Policy>
+State stage_state(pp::PipelineStage<Policy>& stage, StateUse use) {
+  std::vector<model::Parameter*> params = stage.parameters();
+  for (auto* b : stage.buffers()) params.push_back(b);
+  return parameter_state(params, use);
+}
+
+/// Every parameter and buffer of a whole model as checkpoint entries.
 template <class Policy>
 State model_state(model::CausalLM<Policy>& m) {
-  return parameter_state(m.parameters(), StateUse::Save);
+  return stage_state(m, StateUse::Save);
 }
 
 /// The model config a checkpoint was saved with (files are not verified here; loading does).

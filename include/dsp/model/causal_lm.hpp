@@ -23,10 +23,11 @@ class CausalLM : public pp::PipelineStage<Policy> {
   using Base::forward;
 
   /// Builds this rank's shards of every layer over the mesh's tensor group (collective over
-  /// it). Throws ConfigError (naming the numbers) when the config does not split over TP.
+  /// it), routed experts split over its expert group. Throws ConfigError (naming the numbers)
+  /// when the config does not split over TP or EP.
   template <class Comm>
   CausalLM(const ModelConfig& config, DeviceMesh<Comm>& mesh, std::uint64_t seed)
-      : Base(config, mesh.tensor_group(), pp::StageLayers::whole(config.num_layers), seed) {}
+      : Base(config, mesh.tensor_group(), pp::StageLayers::whole(config.num_layers), seed, &mesh.expert_group()) {}
 
   /// Training forward of one micro-batch: ids and targets [batch * seq] -> per-token loss
   /// [batch * seq] in nats (0 where target < 0). Keeps activations in `act` for backward.

@@ -9,6 +9,7 @@
 
 #include "dsp/core/divide.hpp"
 #include "dsp/core/error.hpp"
+#include "dsp/ep/router.hpp"
 
 namespace dsp::model {
 
@@ -25,7 +26,30 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   float init_method_std = 0.02f;
 
+  // Mixture of experts (DeepSeekMoE, Dai et al. 2024): layers from first_k_dense_replace on
+  // replace the dense MLP by routed experts plus shared experts. num_experts == 0: dense model.
+  std::int64_t num_experts = 0;             ///< --num-experts (n_routed_experts)
+  std::int64_t moe_router_topk = 2;         ///< --moe-router-topk (num_experts_per_tok)
+  std::int64_t moe_ffn_hidden_size = 0;     ///< --moe-ffn-hidden-size (moe_intermediate_size), per expert
+  std::int64_t num_shared_experts = 0;      ///< n_shared_experts, each moe_ffn_hidden_size wide
+  std::int64_t first_k_dense_replace = 0;   ///< --first-k-dense-replace: leading dense layers
+  ep::ScoreFunction moe_router_score_function = ep::ScoreFunction::Softmax;  ///< --moe-router-score-function (scoring_func)
+  bool moe_router_norm_topk_prob = false;   ///< --moe-router-norm-topk-prob (norm_topk_prob)
+  std::int64_t moe_router_num_groups = 1;   ///< --moe-router-num-groups (n_group)
+  std::int64_t moe_router_group_topk = 1;   ///< --moe-router-group-topk (topk_group)
+  float moe_routed_scaling_factor = 1.0f;   ///< --moe-router-topk-scaling-factor (routed_scaling_factor)
+  bool moe_router_enable_expert_bias = false;  ///< --moe-router-enable-expert-bias (topk_method noaux_tc)
+
   std::int64_t head_dim() const { return hidden_size / num_attention_heads; }
+
+  bool is_moe() const { return num_experts > 0; }
+  /// Whether global layer `layer` is an MoE layer (else dense).
+  bool is_moe_layer(std::int64_t layer) const { return is_moe() && layer >= first_k_dense_replace; }
+  /// The router of the MoE layers.
+  ep::RouterConfig router() const {
+    return {num_experts, moe_router_topk, moe_router_score_function, moe_router_norm_topk_prob,
+            moe_router_num_groups, moe_router_group_topk, moe_routed_scaling_factor};
+  }
 
   /// Throws ConfigError naming both numbers when a size does not divide (or is not positive).
   void validate(int tensor_parallel) const {
@@ -43,20 +67,48 @@ struct ModelConfig {
                  "number of query groups (", num_query_groups, ") and tensor-model-parallel-size (", tensor_parallel,
                  ") must divide one another");
     divide(ffn_hidden_size, tensor_parallel, "ffn hidden size");
+    if (!is_moe()) return;
+    router().validate();
+    DSP_CHECK_AS(ConfigError, moe_ffn_hidden_size > 0, "moe ffn hidden size must be positive, got ",
+                 moe_ffn_hidden_size);
+    DSP_CHECK_AS(ConfigError, num_shared_experts >= 0, "number of shared experts must be >= 0, got ",
+                 num_shared_experts);
+    DSP_CHECK_AS(ConfigError, first_k_dense_replace >= 0 && first_k_dense_replace < num_layers,
+                 "first-k-dense-replace (", first_k_dense_replace, ") must be in [0, number of layers = ", num_layers,
+                 "): an MoE model needs an MoE layer");
+    divide(moe_ffn_hidden_size, tensor_parallel, "moe ffn hidden size");
+  }
+
+  /// Throws ConfigError naming both numbers unless expert_parallel divides the routed experts.
+  void validate_expert_parallel(int expert_parallel) const {
+    if (!is_moe()) return;
+    DSP_CHECK_AS(ConfigError, num_experts % expert_parallel == 0, "number of experts (", num_experts,
+                 ") is not divisible by expert-model-parallel-size (", expert_parallel, ")");
   }
 
   /// Parameters of the global model (embedding counted once when tied).
   std::int64_t num_parameters() const {
     const std::int64_t h = hidden_size, d = head_dim();
     const std::int64_t attn = h * (num_attention_heads + 2 * num_query_groups) * d + num_attention_heads * d * h;
-    const std::int64_t mlp = 3 * h * ffn_hidden_size;
-    const std::int64_t per_layer = attn + mlp + 2 * h;
-    return vocab_size * h * (tie_word_embeddings ? 1 : 2) + num_layers * per_layer + h;
+    const std::int64_t dense_mlp = 3 * h * ffn_hidden_size;
+    const std::int64_t moe_mlp = 3 * h * moe_ffn_hidden_size * (num_experts + num_shared_experts) + num_experts * h;
+    std::int64_t layers = 0;
+    for (std::int64_t l = 0; l < num_layers; ++l) layers += attn + 2 * h + (is_moe_layer(l) ? moe_mlp : dense_mlp);
+    return vocab_size * h * (tie_word_embeddings ? 1 : 2) + layers + h;
   }
 
-  /// Hugging Face config.json (Llama architecture: the dense DeepSeek-style block with GQA).
+  /// Parameters one token's forward multiplies by: all of num_parameters() but, in each MoE
+  /// layer, only top-k of the routed experts (plus the shared experts and the router).
+  std::int64_t num_activated_parameters() const {
+    if (!is_moe()) return num_parameters();
+    const std::int64_t idle = 3 * hidden_size * moe_ffn_hidden_size * (num_experts - moe_router_topk);
+    return num_parameters() - (num_layers - first_k_dense_replace) * idle;
+  }
+
+  /// Hugging Face config.json (Llama architecture: the dense DeepSeek-style block with GQA);
+  /// an MoE model adds DeepSeek-V3's MoE fields (its attention stays GQA, not MLA).
   nlohmann::json to_hf_json() const {
-    return {{"architectures", {"LlamaForCausalLM"}},
+    nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}},
             {"model_type", "llama"},
             {"vocab_size", vocab_size},
             {"hidden_size", hidden_size},
@@ -72,6 +124,19 @@ struct ModelConfig {
             {"hidden_act", "silu"},
             {"attention_bias", false},
             {"torch_dtype", "float32"}};
+    if (!is_moe()) return j;
+    j["n_routed_experts"] = num_experts;
+    j["num_experts_per_tok"] = moe_router_topk;
+    j["moe_intermediate_size"] = moe_ffn_hidden_size;
+    j["n_shared_experts"] = num_shared_experts;
+    j["first_k_dense_replace"] = first_k_dense_replace;
+    j["scoring_func"] = moe_router_score_function == ep::ScoreFunction::Sigmoid ? "sigmoid" : "softmax";
+    j["norm_topk_prob"] = moe_router_norm_topk_prob;
+    j["n_group"] = moe_router_num_groups;
+    j["topk_group"] = moe_router_group_topk;
+    j["routed_scaling_factor"] = moe_routed_scaling_factor;
+    j["topk_method"] = moe_router_enable_expert_bias ? "noaux_tc" : (moe_router_num_groups > 1 ? "group_limited_greedy" : "greedy");
+    return j;
   }
   /// Inverse of to_hf_json; throws ConfigError naming a missing field.
   static ModelConfig from_hf_json(const nlohmann::json& j) {
@@ -91,6 +156,20 @@ struct ModelConfig {
     c.norm_epsilon = get("rms_norm_eps").get<float>();
     c.tie_word_embeddings = get("tie_word_embeddings").get<bool>();
     c.init_method_std = j.value("initializer_range", 0.02f);
+    c.num_experts = j.value("n_routed_experts", std::int64_t{0});
+    if (!c.is_moe()) return c;
+    c.moe_router_topk = get("num_experts_per_tok").get<std::int64_t>();
+    c.moe_ffn_hidden_size = get("moe_intermediate_size").get<std::int64_t>();
+    c.num_shared_experts = j.value("n_shared_experts", std::int64_t{0});
+    c.first_k_dense_replace = j.value("first_k_dense_replace", std::int64_t{0});
+    const std::string scoring = j.value("scoring_func", std::string("softmax"));
+    DSP_CHECK_AS(ConfigError, scoring == "softmax" || scoring == "sigmoid", "model config scoring_func must be softmax or sigmoid, got '", scoring, "'");
+    c.moe_router_score_function = scoring == "sigmoid" ? ep::ScoreFunction::Sigmoid : ep::ScoreFunction::Softmax;
+    c.moe_router_norm_topk_prob = j.value("norm_topk_prob", false);
+    c.moe_router_num_groups = j.value("n_group", std::int64_t{1});
+    c.moe_router_group_topk = j.value("topk_group", std::int64_t{1});
+    c.moe_routed_scaling_factor = j.value("routed_scaling_factor", 1.0f);
+    c.moe_router_enable_expert_bias = j.value("topk_method", std::string()) == "noaux_tc";
     return c;
   }
   bool operator==(const ModelConfig&) const = default;

@@ -1,11 +1,15 @@
 #pragma once
-// A dense DeepSeek-style decoder block (pre-norm):
-//   h = x + Attention(RMSNorm(x)),  out = h + MLP(RMSNorm(h)).
+// A DeepSeek-style decoder block (pre-norm):
+//   h = x + Attention(RMSNorm(x)),  out = h + FFN(RMSNorm(h)),
+// FFN the dense SwiGLU MLP, or in an MoE layer (ModelConfig::is_moe_layer) the DeepSeekMoE
+// layer (ep::MoELayer).
 // Hugging Face names: model.layers.{i}.{input_layernorm, self_attn.*, post_attention_layernorm, mlp.*}.
+#include <memory>
 #include <string>
 
 #include "dsp/backend/host/elementwise.hpp"
 #include "dsp/core/trace.hpp"
+#include "dsp/ep/moe_layer.hpp"
 #include "dsp/model/attention.hpp"
 #include "dsp/model/mlp.hpp"
 #include "dsp/model/rms_norm.hpp"
@@ -21,31 +25,37 @@ class DecoderBlock {
     typename RMSNorm<Policy>::Saved norm1, norm2;
     typename Attention<Policy>::Saved attn;
     typename MLP<Policy>::Saved mlp;
+    typename ep::MoELayer<Policy>::Saved moe;
   };
 
-  /// layer: global layer index (names and KV-cache slot use it).
-  DecoderBlock(Comm& tp, const ModelConfig& c, std::int64_t layer, std::uint64_t seed)
+  /// layer: global layer index (names and KV-cache slot use it). ep: the expert-parallel group
+  /// of an MoE layer (unused by dense layers).
+  DecoderBlock(Comm& tp, Comm& ep, const ModelConfig& c, std::int64_t layer, std::uint64_t seed)
       : norm1_(prefix(layer) + ".input_layernorm.weight", c.hidden_size, c.norm_epsilon, tp.size(), tp.rank()),
         attn_(tp, c, prefix(layer) + ".self_attn", layer, seed),
         norm2_(prefix(layer) + ".post_attention_layernorm.weight", c.hidden_size, c.norm_epsilon, tp.size(),
                tp.rank()),
-        mlp_(tp, c, prefix(layer) + ".mlp", seed),
         forward_span_("layers." + std::to_string(layer) + ".forward"),
-        backward_span_("layers." + std::to_string(layer) + ".backward") {}
+        backward_span_("layers." + std::to_string(layer) + ".backward") {
+    if (c.is_moe_layer(layer)) moe_ = std::make_unique<ep::MoELayer<Policy>>(tp, ep, c, layer, Attention<Policy>::scaled_std(c), seed);
+    else mlp_ = std::make_unique<MLP<Policy>>(tp, c, prefix(layer) + ".mlp", seed);
+  }
 
   /// x [tokens, hidden] -> [tokens, hidden]; saved may be null (inference).
   Tensor forward(const ForwardContext& ctx, const Tensor& x, Saved* saved) {
     trace::Span span(forward_span_, trace::Kind::Compute);
     Tensor h = attn_.forward(ctx, norm1_.forward(x, saved ? &saved->norm1 : nullptr), saved ? &saved->attn : nullptr);
     add(Backend{}, x.numel(), x.data(), h.data());
-    Tensor out = mlp_.forward(norm2_.forward(h, saved ? &saved->norm2 : nullptr), saved ? &saved->mlp : nullptr);
+    const Tensor normed = norm2_.forward(h, saved ? &saved->norm2 : nullptr);
+    Tensor out = moe_ ? moe_->forward(ctx, normed, saved ? &saved->moe : nullptr)
+                      : mlp_->forward(normed, saved ? &saved->mlp : nullptr);
     add(Backend{}, h.numel(), h.data(), out.data());
     return out;
   }
   /// dout [tokens, hidden] -> dx; accumulates every parameter's gradient.
   Tensor backward(const ForwardContext& ctx, const Tensor& dout, const Saved& s) {
     trace::Span span(backward_span_, trace::Kind::Compute);
-    Tensor dh = norm2_.backward(mlp_.backward(dout, s.mlp), s.norm2);
+    Tensor dh = norm2_.backward(moe_ ? moe_->backward(ctx, dout, s.moe) : mlp_->backward(dout, s.mlp), s.norm2);
     add(Backend{}, dout.numel(), dout.data(), dh.data());
     Tensor dx = norm1_.backward(attn_.backward(ctx, dh, s.attn), s.norm1);
     add(Backend{}, dh.numel(), dh.data(), dx.data());
@@ -56,9 +66,13 @@ class DecoderBlock {
     std::vector<Parameter*> p{&norm1_.weight()};
     for (auto* a : attn_.parameters()) p.push_back(a);
     p.push_back(&norm2_.weight());
-    for (auto* m : mlp_.parameters()) p.push_back(m);
+    for (auto* m : moe_ ? moe_->parameters() : mlp_->parameters()) p.push_back(m);
     return p;
   }
+  /// Saved state that gradients do not train (an MoE layer's expert bias).
+  std::vector<Parameter*> buffers() { return moe_ ? moe_->buffers() : std::vector<Parameter*>{}; }
+  /// The MoE layer, null in a dense layer.
+  ep::MoELayer<Policy>* moe() { return moe_.get(); }
   std::span<float> replicated_kv_grad() { return attn_.replicated_kv_grad(); }
   std::int64_t kv_heads_local() const { return attn_.kv_heads_local(); }
 
@@ -68,7 +82,8 @@ class DecoderBlock {
   RMSNorm<Policy> norm1_;
   Attention<Policy> attn_;
   RMSNorm<Policy> norm2_;
-  MLP<Policy> mlp_;
+  std::unique_ptr<MLP<Policy>> mlp_;          // dense layer
+  std::unique_ptr<ep::MoELayer<Policy>> moe_;  // MoE layer
   std::string forward_span_, backward_span_;  // trace names: "layers.{layer}.forward", ...
 };
 

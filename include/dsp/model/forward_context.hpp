@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "dsp/ep/moe_options.hpp"
 #include "dsp/serve/kv_cache.hpp"
 
 namespace dsp::model {
@@ -14,12 +15,13 @@ struct ForwardContext {
   std::vector<std::int32_t> positions;    ///< [batch * seq] position of each token in its sequence
   serve::KvCache* cache = nullptr;        ///< serving: keys/values are appended here and attended from here
   bool training = true;                   ///< keep activations for backward
+  ep::MoeOptions moe;                     ///< capacity and balance loss of MoE layers (training)
 
   std::int64_t tokens() const { return batch * seq; }
 
   /// Training layout: batch rows of seq tokens at positions 0..seq-1.
   static ForwardContext for_training(std::int64_t batch, std::int64_t seq) {
-    ForwardContext c{batch, seq, {}, nullptr, true};
+    ForwardContext c{batch, seq, {}, nullptr, true, {}};
     c.positions.resize(static_cast<std::size_t>(batch * seq));
     for (std::int64_t i = 0; i < batch * seq; ++i) c.positions[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i % seq);
     return c;

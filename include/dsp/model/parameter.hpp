@@ -12,7 +12,7 @@ namespace dsp::model {
 
 /// How a parameter's global values are drawn.
 struct Init {
-  enum Kind { Normal, Ones } kind = Normal;
+  enum Kind { Normal, Ones, Zeros } kind = Normal;
   float std = 0.02f;  ///< standard deviation for Normal
 };
 
@@ -26,6 +26,10 @@ struct Parameter {
   /// embedding on the last stage): trained with the same summed gradient, so equal to the
   /// owner's; only the owner saves it and counts it in the gradient norm.
   bool tied_copy = false;
+  /// A routed expert's weight (one expert-parallel rank holds it): its gradient is reduced over
+  /// the expert-data-parallel group, and its square counts in the gradient norm once per
+  /// expert-parallel group.
+  bool expert = false;
 
   /// Builds the local shard of TP rank `tp_rank` of `tp_size`. Element (global flat index g)
   /// is std * N(0,1) drawn from CounterRng(seed, spec.name) at g, so every layout holds the
@@ -33,8 +37,8 @@ struct Parameter {
   Parameter(ShardedTensor s, Init init, std::uint64_t seed, int tp_size, int tp_rank)
       : spec(std::move(s)), value(spec.local_shape(tp_size)), grad(spec.local_shape(tp_size)),
         weight_decay(spec.global_shape.size() >= 2) {
-    if (init.kind == Init::Ones) {
-      value.fill(1.0f);
+    if (init.kind != Init::Normal) {
+      value.fill(init.kind == Init::Ones ? 1.0f : 0.0f);
       return;
     }
     const CounterRng rng(seed, spec.name);

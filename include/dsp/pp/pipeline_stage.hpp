@@ -43,18 +43,24 @@ class PipelineStage {
   };
 
   /// Builds this rank's shards of the stage's layers [layers.first_layer, + num_layers) with
-  /// their global names. Collective over `tp` (K/V replica groups are split from it). Throws
-  /// ConfigError (naming the numbers) when the config does not split over tp.size() or the
-  /// layer range lies outside the model.
-  PipelineStage(const model::ModelConfig& config, Comm& tp, StageLayers layers, std::uint64_t seed)
+  /// their global names. Collective over `tp` (K/V replica groups are split from it). ep: the
+  /// expert-parallel group of an MoE model (null: expert-parallel size 1; it must outlive the
+  /// stage). Throws ConfigError (naming the numbers) when the config does not split over
+  /// tp.size() or ep->size(), or the layer range lies outside the model.
+  PipelineStage(const model::ModelConfig& config, Comm& tp, StageLayers layers, std::uint64_t seed,
+                Comm* ep = nullptr)
       : config_(checked(config, tp.size(), layers)), layers_(layers), tp_(&tp), loss_(tp, config.vocab_size) {
     if (config.num_query_groups < tp.size())  // ranks sharing one K/V head
       kv_replicas_ = std::make_unique<Comm>(
           tp.split(static_cast<int>(tp.rank() * config.num_query_groups / tp.size()), tp.rank()));
+    if (config.is_moe() && !ep) {  // every expert on this rank: a group of one
+      own_ep_ = std::make_unique<Comm>(tp.split(tp.rank(), 0));
+      ep = own_ep_.get();
+    }
     const model::Init normal{model::Init::Normal, config.init_method_std};
     if (layers.pre_process) embed_.emplace(tp, embed_name, config.vocab_size, config.hidden_size, normal, seed);
     for (std::int64_t l = layers.first_layer; l < layers.first_layer + layers.num_layers; ++l)
-      blocks_.push_back(std::make_unique<model::DecoderBlock<Policy>>(tp, config, l, seed));
+      blocks_.push_back(std::make_unique<model::DecoderBlock<Policy>>(tp, ep ? *ep : tp, config, l, seed));
     if (!layers.post_process) return;
     final_norm_.emplace("model.norm.weight", config.hidden_size, config.norm_epsilon, tp.size(), tp.rank());
     if (!config.tie_word_embeddings) {
@@ -155,6 +161,21 @@ class PipelineStage {
     if (tied_copy_) p.push_back(tied_copy_.get());
     return p;
   }
+  /// State saved with the parameters but not trained by gradients (MoE expert biases).
+  std::vector<Parameter*> buffers() {
+    std::vector<Parameter*> out;
+    for (auto& b : blocks_)
+      for (auto* q : b->buffers()) out.push_back(q);
+    return out;
+  }
+  /// This stage's MoE layers, first to last (empty for a dense model).
+  std::vector<ep::MoELayer<Policy>*> moe_layers() {
+    std::vector<ep::MoELayer<Policy>*> out;
+    for (auto& b : blocks_)
+      if (auto* m = b->moe()) out.push_back(m);
+    return out;
+  }
+
   /// parameters() in the order backward finishes their gradients: the output layer (when
   /// untied), the final norm, the blocks from the last to the first, the embedding or its
   /// tied copy (last: a tied table's gradient is final only after the output layer's part and,
@@ -226,6 +247,7 @@ class PipelineStage {
   std::optional<tp::ColumnParallelLinear<Policy>> lm_head_;
   tp::VocabParallelCrossEntropy<Policy> loss_;
   std::unique_ptr<Comm> kv_replicas_;
+  std::unique_ptr<Comm> own_ep_;  // expert-parallel group of one when none was given
 };
 
 }  // namespace dsp::pp

@@ -4,7 +4,11 @@
 // uninterrupted one. Parameters and moments are saved as TP shards by data-parallel replica
 // 0, one file per (TP rank, pipeline rank) holding that rank's layers under their global
 // names; loading reads them at any TP and PP size (the manifest holds every split, and each
-// rank reads the global tensors of the layers it holds).
+// rank reads the global tensors of the layers it holds). Routed experts split over an
+// expert-parallel group are all-gathered to its first rank (DP rank 0) before writing, so the
+// files hold every expert and load at any expert-parallel size.
+#include <algorithm>
+#include <deque>
 #include <filesystem>
 #include <optional>
 #include <span>
@@ -21,7 +25,9 @@ namespace dsp::train {
 /// copies (their owner saves them), for loading with them.
 template <class Policy>
 checkpoint::State training_state(Trainer<Policy>& t, checkpoint::StateUse use) {
-  checkpoint::State s = checkpoint::parameter_state(t.parameters(), use);
+  std::vector<model::Parameter*> params = t.parameters();
+  for (auto* b : t.buffers()) params.push_back(b);  // MoE expert biases
+  checkpoint::State s = checkpoint::parameter_state(params, use);
   auto& opt = t.optimizer();
   for (std::size_t i = 0; i < opt.parameters().size(); ++i) {
     const model::Parameter& p = *opt.parameters()[i];
@@ -35,13 +41,46 @@ checkpoint::State training_state(Trainer<Policy>& t, checkpoint::StateUse use) {
   return s;
 }
 
+/// `state` with every routed-expert entry (a name holding ".mlp.experts.{e}.", its moments too)
+/// replaced by the same entry of every rank of the expert-parallel group `ep` (all-gathered,
+/// renamed to their global expert index; rank q holds experts [q n, (q + 1) n) for n =
+/// num_local_experts); the gathered tensors live in `storage`. Collective over `ep`.
+template <comm::Communicator Comm>
+checkpoint::State with_all_experts(const checkpoint::State& state, Comm& ep, std::int64_t num_local_experts,
+                                   std::deque<Tensor>& storage) {
+  checkpoint::State out;
+  for (const auto& entry : state) {
+    const auto g = ep::expert_index(entry.spec.name);
+    if (!g || ep.size() == 1) {
+      out.push_back(entry);
+      continue;
+    }
+    Tensor all({static_cast<std::int64_t>(ep.size()), entry.local->numel()});
+    ep.all_gather(std::span<const float>(entry.local->span()), all.span());
+    const std::int64_t local = *g - num_local_experts * ep.rank();
+    for (int q = 0; q < ep.size(); ++q) {
+      Tensor& t = storage.emplace_back(entry.local->shape());
+      std::copy_n(all.data() + q * t.numel(), t.numel(), t.data());
+      out.push_back({ep::with_expert_index(entry.spec, q * num_local_experts + local), &t});
+    }
+  }
+  return out;
+}
+
 /// Writes the training state to `dir` atomically (an existing checkpoint there is replaced
 /// only once the new one is complete). Collective over the whole mesh: the ranks of DP
 /// replica 0 write their shard files in parallel, global rank 0 writes the manifest and
-/// commits. Throws CheckpointError naming the file when writing fails.
+/// commits (with expert parallelism the expert group of replica 0 first gathers the experts).
+/// Throws CheckpointError naming the file when writing fails.
 template <class Policy>
 void save_checkpoint(const std::filesystem::path& dir, Trainer<Policy>& t) {
   auto& mesh = t.mesh();
+  std::deque<Tensor> gathered;
+  checkpoint::State state;
+  if (mesh.dp_rank() < mesh.ep_size()) {  // the expert group of DP replica 0
+    const std::int64_t local_experts = t.model_config().num_experts / mesh.ep_size();
+    state = with_all_experts(training_state(t, checkpoint::StateUse::Save), mesh.expert_group(), local_experts, gathered);
+  }
   if (mesh.dp_rank() == 0) {
     auto& mp = mesh.model_group();  // the TP x PP ranks of replica 0; its rank 0 is global rank 0
     std::optional<checkpoint::AtomicDir> staging;
@@ -54,7 +93,7 @@ void save_checkpoint(const std::filesystem::path& dir, Trainer<Policy>& t) {
     mp.broadcast(std::span(len), 0);
     tmp.resize(static_cast<std::size_t>(len[0]));
     mp.broadcast(std::span(tmp.data(), tmp.size()), 0);
-    checkpoint::write_shard_file(tmp, training_state(t, checkpoint::StateUse::Save), mesh.tp_size(), mesh.tp_rank(), mesh.pp_rank());
+    checkpoint::write_shard_file(tmp, state, mesh.tp_size(), mesh.tp_rank(), mesh.pp_rank());
     mp.barrier();
     if (mp.rank() == 0) {
       checkpoint::CheckpointMeta meta;

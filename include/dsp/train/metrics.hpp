@@ -12,9 +12,10 @@ namespace dsp::train {
 
 /// Training FLOPs per token: 6 N + 12 L h s, where N counts the parameters used in matrix
 /// multiplies (all but the input embedding lookup; a tied table counts once, as the output
-/// layer), L layers, h = heads x head_dim, s the sequence length. Forward is a third of it.
+/// layer; in MoE layers only the k routed experts a token uses), L layers, h = heads x
+/// head_dim, s the sequence length. Forward is a third of it.
 inline double training_flops_per_token(const model::ModelConfig& c) {
-  const double n_matmul = static_cast<double>(c.num_parameters()) -
+  const double n_matmul = static_cast<double>(c.num_activated_parameters()) -
                           static_cast<double>(c.vocab_size * c.hidden_size) * (c.tie_word_embeddings ? 0.0 : 1.0) -
                           static_cast<double>((2 * c.num_layers + 1) * c.hidden_size);  // norms
   return 6.0 * n_matmul + 12.0 * static_cast<double>(c.num_layers * c.num_attention_heads * c.head_dim() * c.seq_length);

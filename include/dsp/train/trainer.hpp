@@ -9,12 +9,17 @@
 //   (before that table's DP reduction, so every DP rank and any later optimizer-state
 //   partition sees the complete gradient; the table has a DP bucket of its own on both
 //   stages, so both copies get bitwise the same reduction);
-//   clip the global gradient norm; AdamW with the warmup + cosine learning rate.
+//   MoE models: routed experts split over the expert-parallel group (tokens exchanged by
+//   all-to-all inside the layers); expert gradients reduce over the expert-data-parallel
+//   group, everything else over DP; the clipping norm counts every expert once;
+//   clip the global gradient norm; AdamW with the warmup + cosine learning rate; then the
+//   auxiliary-loss-free expert-bias update from the step's global expert load.
 // The loss is normalised by the global number of loss tokens (every micro-batch on every
 // DP rank), so any (TP, PP, DP, micro-batch) split of the same global batch gives the same
 // update up to floating-point summation order.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -25,6 +30,8 @@
 #include "dsp/core/trace.hpp"
 #include "dsp/dp/data_sampler.hpp"
 #include "dsp/dp/grad_buckets.hpp"
+#include "dsp/ep/balance.hpp"
+#include "dsp/ep/moe_options.hpp"
 #include "dsp/model/forward_context.hpp"
 #include "dsp/parallel/device_mesh.hpp"
 #include "dsp/pp/engine.hpp"
@@ -52,6 +59,29 @@ struct TrainConfig {
   std::int64_t eval_iters = 4;         ///< --eval-iters (global batches of validation data)
   dp::DdpConfig ddp;                   ///< --ddp-bucket-size, --overlap-grad-reduce, --grad-reduce-dtype
   pp::PipelineConfig pipeline;         ///< --pipeline-schedule, --num-layers-per-virtual-pipeline-stage
+  /// --moe-expert-capacity-factor, --moe-token-drop-policy, --moe-aux-loss-coeff (aux_loss_scale
+  /// is set per micro-batch by the trainer).
+  ep::MoeOptions moe;
+  /// --moe-router-bias-update-rate: gamma of the expert-bias update (with an expert bias).
+  float moe_router_bias_update_rate = 1e-3f;
+};
+
+/// One MoE layer's routing over a whole step, summed over every data-parallel rank.
+struct MoeStepStats {
+  std::int64_t layer = -1;                      ///< global layer index
+  std::vector<std::int64_t> tokens_per_expert;  ///< [E] times each expert was chosen (before dropping)
+  std::int64_t dropped = 0;                     ///< assignments dropped by capacity
+  double aux_loss = 0.0;                        ///< balance loss, mean over the global batch's sequences
+  /// max / mean of tokens_per_expert (1 = perfectly balanced; 0 without tokens).
+  double max_over_mean_load() const {
+    if (tokens_per_expert.empty()) return 0.0;
+    double sum = 0.0, mx = 0.0;
+    for (auto v : tokens_per_expert) {
+      sum += double(v);
+      mx = std::max(mx, double(v));
+    }
+    return sum > 0.0 ? mx * double(tokens_per_expert.size()) / sum : 0.0;
+  }
 };
 
 /// What one optimizer step did.
@@ -71,6 +101,8 @@ struct StepResult {
   /// held before it (dsp::memory): stashed activations of the micro-batches in flight plus
   /// the temporaries of the layer running.
   std::int64_t peak_activation_bytes = 0;
+  /// Every MoE layer of the model (all pipeline stages), by layer; empty for a dense model.
+  std::vector<MoeStepStats> moe;
 };
 
 template <class Policy>
@@ -97,7 +129,8 @@ class Trainer {
                 {tc.micro_batch_size * config.seq_length, config.hidden_size}),
         optimizer_(parameters(), tc.adam),
         clipper_(parameters(), mesh.tp_size(), mesh.tp_rank()),
-        buckets_(mesh.data_group(), grad_ready_order(), tc.ddp, tied_embedding()),
+        buckets_(mesh.data_group(), grad_ready_order(false), tc.ddp, tied_embedding()),
+        expert_buckets_(mesh.expert_data_group(), grad_ready_order(true), tc.ddp),
         schedule_{tc.lr, tc.min_lr, tc.lr_warmup_iters, tc.lr_decay_iters > 0 ? tc.lr_decay_iters : tc.train_iters} {
     DSP_CHECK_AS(ConfigError, data.seq_length() == config.seq_length, "data windows of ", data.seq_length(),
                  " tokens do not match --seq-length ", config.seq_length);
@@ -122,9 +155,14 @@ class Trainer {
     mesh_->data_group().all_reduce(std::span(counts));
     const double loss_tokens = std::max(counts[0], 1.0);
     std::vector<double> loss_sum{0.0};  // on the last stage
-    const typename Stage::GradReadyFn ready = [&](model::Parameter& p) { buckets_.mark_ready(p); };
+    const typename Stage::GradReadyFn ready = [&](model::Parameter& p) {
+      (p.expert ? expert_buckets_ : buckets_).mark_ready(p);
+    };
     std::map<std::pair<int, int>, typename Stage::Activations> stash;  // (micro-batch, stage)
-    const auto ctx = model::ForwardContext::for_training(tc_.micro_batch_size, seq);
+    auto ctx = model::ForwardContext::for_training(tc_.micro_batch_size, seq);
+    ctx.moe = tc_.moe;
+    ctx.moe.aux_loss_scale = static_cast<float>(double(tc_.micro_batch_size) / double(tc_.global_batch_size));
+    for (auto* m : moe_layers()) m->stats().clear();
     typename pp::Engine<Comm>::Hooks hooks;
     hooks.forward = [&](int m, int s, Tensor x) {
       Stage& stage = chunk(s);
@@ -154,17 +192,20 @@ class Trainer {
     {
       trace::Span span("grad_buckets.finish", trace::Kind::Comm);
       buckets_.finish();
+      expert_buckets_.finish();
     }
     StepResult r;
     {
       trace::Span span("clip_grad", trace::Kind::Compute);
-      r.grad_norm = clipper_.clip(mesh_->model_group(), tc_.clip_grad);
+      r.grad_norm = clipper_.clip(mesh_->model_group(), tc_.clip_grad, &mesh_->expert_group());
     }
     r.lr = schedule_(optimizer_.steps());
     {
       trace::Span span("optimizer.step", trace::Kind::Compute);
       optimizer_.step(r.lr);
     }
+    r.moe = moe_step_stats();
+    update_expert_biases(r.moe);
     mesh_->data_group().all_reduce(std::span(loss_sum));
     mesh_->pipeline_group().all_reduce(std::span(loss_sum));  // from the last stage
     r.iteration = optimizer_.steps();
@@ -204,6 +245,22 @@ class Trainer {
     return sums[0] / std::max(sums[1], 1.0);
   }
 
+  /// Every buffer of this rank (state saved but not trained by gradients: MoE expert biases),
+  /// in chunk order.
+  std::vector<model::Parameter*> buffers() {
+    std::vector<model::Parameter*> out;
+    for (auto& s : stages_)
+      for (auto* p : s->buffers()) out.push_back(p);
+    return out;
+  }
+  /// This rank's MoE layers, chunk after chunk.
+  std::vector<ep::MoELayer<Policy>*> moe_layers() {
+    std::vector<ep::MoELayer<Policy>*> out;
+    for (auto& s : stages_)
+      for (auto* m : s->moe_layers()) out.push_back(m);
+    return out;
+  }
+
   /// This rank's model chunks, by chunk index (virtual stage chunk x p + pipeline rank).
   std::vector<std::unique_ptr<Stage>>& stages() { return stages_; }
   /// Every parameter of this rank (all chunks), in chunk order.
@@ -217,6 +274,8 @@ class Trainer {
   zero::AdamW<Backend>& optimizer() { return optimizer_; }
   dp::DataSampler& sampler() { return sampler_; }
   const dp::GradBuckets<Comm>& grad_buckets() const { return buckets_; }
+  /// Buckets of the routed experts' gradients, over the expert-data-parallel group.
+  const dp::GradBuckets<Comm>& expert_grad_buckets() const { return expert_buckets_; }
   const pp::Engine<Comm>& engine() const { return engine_; }
   DeviceMesh<Comm>& mesh() { return *mesh_; }
   const TrainConfig& config() const { return tc_; }
@@ -238,7 +297,7 @@ class Trainer {
     const auto layers = tc.pipeline.stages(config.num_layers, p);
     std::vector<std::unique_ptr<Stage>> out;
     for (std::size_t s = static_cast<std::size_t>(mesh.pp_rank()); s < layers.size(); s += static_cast<std::size_t>(p))
-      out.push_back(std::make_unique<Stage>(config, mesh.tensor_group(), layers[s], tc.seed));
+      out.push_back(std::make_unique<Stage>(config, mesh.tensor_group(), layers[s], tc.seed, &mesh.expert_group()));
     return out;
   }
 
@@ -253,14 +312,53 @@ class Trainer {
 
   // The order gradients become final on this rank: chunk after chunk as their last backward
   // comes in the schedule; a tied table last of all (it waits for the other stage's part).
-  std::vector<model::Parameter*> grad_ready_order() {
+  // Only the routed experts' parameters (expert) or only the others.
+  std::vector<model::Parameter*> grad_ready_order(bool expert) {
     std::vector<model::Parameter*> out;
     model::Parameter* tied = tied_embedding();
     for (int s : engine_.stages_by_last_backward())
       for (auto* p : chunk(s).grad_ready_order())
-        if (p != tied) out.push_back(p);
-    if (tied) out.push_back(tied);
+        if (p != tied && p->expert == expert) out.push_back(p);
+    if (tied && !expert) out.push_back(tied);
     return out;
+  }
+
+  // The step's routing statistics of every MoE layer of the model: this rank's layers filled
+  // in, summed over DP (all tokens) and over the pipeline (every stage's layers); the TP ranks
+  // of a stage see the same routing, so they are not summed.
+  std::vector<MoeStepStats> moe_step_stats() {
+    const model::ModelConfig& c = model_config();
+    if (!c.is_moe()) return {};
+    const std::int64_t e = c.num_experts, width = e + 2;  // load [E], dropped, aux loss
+    std::vector<double> sums(static_cast<std::size_t>((c.num_layers - c.first_k_dense_replace) * width));
+    for (auto* m : moe_layers()) {
+      const ep::MoeLayerStats& st = m->stats();
+      double* row = sums.data() + (st.layer - c.first_k_dense_replace) * width;
+      for (std::int64_t i = 0; i < e; ++i) row[i] = double(st.tokens_per_expert[static_cast<std::size_t>(i)]);
+      row[e] = double(st.dropped);
+      row[e + 1] = st.aux_loss;
+    }
+    mesh_->data_group().all_reduce(std::span(sums));
+    mesh_->pipeline_group().all_reduce(std::span(sums));
+    std::vector<MoeStepStats> out;
+    for (std::int64_t l = c.first_k_dense_replace; l < c.num_layers; ++l) {
+      const double* row = sums.data() + (l - c.first_k_dense_replace) * width;
+      MoeStepStats st{l, std::vector<std::int64_t>(static_cast<std::size_t>(e)), std::llround(row[e]), row[e + 1]};
+      for (std::int64_t i = 0; i < e; ++i) st.tokens_per_expert[static_cast<std::size_t>(i)] = std::llround(row[i]);
+      out.push_back(std::move(st));
+    }
+    return out;
+  }
+
+  // Auxiliary-loss-free balancing (DeepSeek-V3 section 2.1.2): every rank moves its copy of a
+  // layer's expert bias by the same step, from the global load of the step.
+  void update_expert_biases(const std::vector<MoeStepStats>& stats) {
+    for (auto* m : moe_layers()) {
+      model::Parameter* bias = m->expert_bias();
+      if (!bias) continue;
+      const MoeStepStats& st = stats[static_cast<std::size_t>(m->stats().layer - model_config().first_k_dense_replace)];
+      ep::update_expert_bias(bias->value.span(), st.tokens_per_expert, tc_.moe_router_bias_update_rate);
+    }
   }
 
   std::vector<MicroBatch> next_micro_batches() {
@@ -291,7 +389,8 @@ class Trainer {
   pp::Engine<Comm> engine_;
   zero::AdamW<Backend> optimizer_;
   zero::GradClipper<Backend> clipper_;
-  dp::GradBuckets<Comm> buckets_;
+  dp::GradBuckets<Comm> buckets_;         // over DP: everything but the routed experts
+  dp::GradBuckets<Comm> expert_buckets_;  // over expert-data parallelism: the routed experts
   zero::WarmupCosine schedule_;
   std::unique_ptr<Comm> embedding_group_;  // first and last pipeline rank (tied embeddings over stages)
 };

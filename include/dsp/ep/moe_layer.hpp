@@ -1,0 +1,223 @@
+#pragma once
+// MoELayer: the DeepSeekMoE feed-forward (Dai et al. 2024, DeepSeekMoE, section 3; DeepSeek-V3
+// report section 2.1.2): fine-grained routed experts chosen per token by a router, plus shared
+// experts every token goes through,
+//   y = sum_{e in topk(x)} g_e(x) FFN_e(x) + sum_s FFN_s(x)       x, y [tokens, hidden]
+// with expert parallelism (routed experts split over the EP group, tokens moved by an
+// ExpertDispatcher) and tensor parallelism (every expert split over TP as the dense MLP is; the
+// router replicated). Each TP rank routes the same tokens identically and runs the same
+// all-to-all with the same TP rank of the other EP ranks; the routed and shared experts'
+// partial outputs are summed and all-reduced over TP once (one all-reduce per block, as
+// Megatron's row-parallel output).
+// Hugging Face names under "model.layers.{i}.mlp": gate.weight [E, hidden],
+// gate.e_score_correction_bias [E] (with the expert bias), experts.{e}.{gate,up,down}_proj.weight
+// with the global expert index e, shared_experts.{gate,up,down}_proj.weight.
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dsp/backend/host/elementwise.hpp"
+#include "dsp/backend/host/linear.hpp"
+#include "dsp/comm/communicator.hpp"
+#include "dsp/ep/balance.hpp"
+#include "dsp/ep/capacity.hpp"
+#include "dsp/ep/expert_dispatcher.hpp"
+#include "dsp/ep/grouped_experts.hpp"
+#include "dsp/ep/router.hpp"
+#include "dsp/model/config.hpp"
+#include "dsp/model/forward_context.hpp"
+
+namespace dsp::ep {
+
+/// What an MoE layer's training forwards saw since the last clear(), on this rank.
+struct MoeLayerStats {
+  std::int64_t layer = -1;                     ///< global layer index
+  std::vector<std::int64_t> tokens_per_expert;  ///< [E] times each expert was chosen (before dropping)
+  std::int64_t dropped = 0;                    ///< assignments dropped by capacity
+  double aux_loss = 0.0;                       ///< sum of the micro-batches' aux loss x aux_loss_scale
+
+  void clear() {
+    std::fill(tokens_per_expert.begin(), tokens_per_expert.end(), 0);
+    dropped = 0;
+    aux_loss = 0.0;
+  }
+};
+
+/// The global expert index e of a routed expert's tensor name (one holding ".mlp.experts.{e}.",
+/// optimizer moments included), nullopt for any other name.
+inline std::optional<std::int64_t> expert_index(const std::string& name) {
+  static constexpr std::string_view key = ".mlp.experts.";
+  const auto at = name.find(key);
+  if (at == std::string::npos) return std::nullopt;
+  const auto digits = at + key.size(), end = name.find('.', digits);
+  if (end == std::string::npos || end == digits) return std::nullopt;
+  std::int64_t e = 0;
+  for (auto i = digits; i < end; ++i) {
+    if (name[i] < '0' || name[i] > '9') return std::nullopt;
+    e = e * 10 + (name[i] - '0');
+  }
+  return e;
+}
+
+/// `spec` renamed to global expert `e`: its name and its parts' names (fused gate/up) with
+/// ".mlp.experts.{old}." replaced. Throws Error when spec.name is no expert's.
+inline ShardedTensor with_expert_index(ShardedTensor spec, std::int64_t e) {
+  const auto old = expert_index(spec.name);
+  DSP_CHECK(old.has_value(), "with_expert_index: ", spec.name, " is not a routed expert's tensor");
+  const std::string from = ".mlp.experts." + std::to_string(*old) + ".", to = ".mlp.experts." + std::to_string(e) + ".";
+  const auto rename = [&](std::string& name) {
+    const auto at = name.find(from);
+    if (at != std::string::npos) name.replace(at, from.size(), to);
+  };
+  rename(spec.name);
+  for (auto& part : spec.parts) rename(part.name);
+  return spec;
+}
+
+template <class Policy>
+class MoELayer {
+ public:
+  using Backend = typename Policy::Backend;
+  using Comm = typename Policy::Comm;
+  struct Saved {
+    Tensor x;
+    Routing routing;
+    DispatchPlan plan;
+    Tensor back;  // [A, hidden] the experts' partial outputs, in plan order
+    typename GroupedExperts<Backend>::Saved routed;
+    std::optional<typename GroupedExperts<Backend>::Saved> shared;
+  };
+
+  /// prefix: "model.layers.{i}.mlp". tp: the tensor-parallel group; ep: the expert-parallel
+  /// group (the same TP rank of EP ranks; size 1 holds every expert). Throws ConfigError,
+  /// naming the numbers, when the experts do not split over ep.size() or their width over TP.
+  MoELayer(Comm& tp, Comm& ep, const model::ModelConfig& c, std::int64_t layer, float down_std, std::uint64_t seed)
+      : tp_(&tp),
+        router_config_(c.router()),
+        hidden_(c.hidden_size),
+        dispatcher_((c.validate_expert_parallel(ep.size()), ep), c.num_experts, c.hidden_size),
+        router_(ShardedTensor::replicated(prefix(layer) + ".gate.weight", {c.num_experts, c.hidden_size}),
+                {model::Init::Normal, c.init_method_std}, seed, tp.size(), tp.rank()),
+        routed_(expert_prefixes(layer, dispatcher_.first_local_expert(), dispatcher_.num_local_experts()),
+                c.hidden_size, c.moe_ffn_hidden_size, c.init_method_std, down_std, seed, tp.size(), tp.rank(), true) {
+    if (c.num_shared_experts > 0)
+      shared_.emplace(std::vector<std::string>{prefix(layer) + ".shared_experts"}, c.hidden_size,
+                      c.num_shared_experts * c.moe_ffn_hidden_size, c.init_method_std, down_std, seed, tp.size(),
+                      tp.rank(), false);
+    if (c.moe_router_enable_expert_bias)
+      bias_.emplace(ShardedTensor::replicated(prefix(layer) + ".gate.e_score_correction_bias", {c.num_experts}),
+                    model::Init{model::Init::Zeros}, seed, tp.size(), tp.rank());
+    stats_.layer = layer;
+    stats_.tokens_per_expert.assign(static_cast<std::size_t>(c.num_experts), 0);
+  }
+
+  /// x [tokens, hidden] (the same on every TP rank) -> [tokens, hidden]. In training (saved
+  /// set) applies ctx.moe's capacity and records the load, drops and aux loss in stats().
+  /// Collective over the EP group, then the TP group.
+  Tensor forward(const model::ForwardContext& ctx, const Tensor& x, Saved* saved) {
+    const std::int64_t n = x.dim(0), e = router_config_.num_experts;
+    Tensor logits({n, e});
+    linear_forward(Backend{}, x.data(), router_.value.data(), logits.data(), n, hidden_, e);
+    Routing r = route<Backend>(router_config_, logits.span(), bias_ ? std::span<const float>(bias_->value.span())
+                                                                     : std::span<const float>{});
+    if (saved) {
+      const auto load = expert_load<Backend>(r);
+      for (std::size_t i = 0; i < load.size(); ++i) stats_.tokens_per_expert[i] += load[i];
+      if (ctx.moe.aux_loss_coeff > 0.0f)
+        stats_.aux_loss += double(sequence_aux_loss<Backend>(r, ctx.seq, ctx.moe.aux_loss_coeff)) * ctx.moe.aux_loss_scale;
+      if (ctx.moe.capacity_factor > 0.0f)
+        stats_.dropped += apply_capacity<Backend>(
+                              r, expert_capacity(ctx.moe.capacity_factor, n, r.top_k, e), ctx.moe.drop_policy)
+                              .dropped;
+    }
+    DispatchPlan plan = dispatcher_.plan(r);
+    const Tensor local = dispatcher_.dispatch(plan, dispatcher_.permute(plan, x));
+    const Tensor out = routed_.forward(local, plan.rows_per_local_expert, saved ? &saved->routed : nullptr);
+    Tensor back = dispatcher_.undispatch(plan, out);
+    Tensor y = dispatcher_.combine(plan, r, back);
+    if (shared_) {
+      if (saved) saved->shared.emplace();
+      const Tensor s = shared_->forward(x, {n}, saved ? &*saved->shared : nullptr);
+      add(Backend{}, s.numel(), s.data(), y.data());
+    }
+    if (tp_->size() > 1) tp_->all_reduce(y.span());
+    if (saved) {
+      saved->x = x;
+      saved->routing = std::move(r);
+      saved->plan = std::move(plan);
+      saved->back = std::move(back);
+    }
+    return y;
+  }
+
+  /// dy [tokens, hidden] -> dx [tokens, hidden]; accumulates the router's and experts'
+  /// gradients (an expert that got no tokens gets exactly zero), including the aux loss's
+  /// (ctx.moe). Collective over the TP group and the EP group.
+  Tensor backward(const model::ForwardContext& ctx, const Tensor& dy, const Saved& s) {
+    const Routing& r = s.routing;
+    const std::int64_t n = dy.dim(0), e = router_config_.num_experts;
+    std::vector<float> dweights(r.weights.size(), 0.0f);
+    const Tensor dback = dispatcher_.combine_backward(s.plan, r, s.back, dy, dweights);
+    if (tp_->size() > 1) tp_->all_reduce(std::span(dweights));  // the rows were partial over TP
+    const Tensor dlocal = routed_.backward(dispatcher_.dispatch(s.plan, dback), s.routed);
+    Tensor dx = dispatcher_.unpermute(s.plan, dispatcher_.undispatch(s.plan, dlocal), n);
+    if (shared_) {
+      const Tensor ds = shared_->backward(dy, *s.shared);
+      add(Backend{}, ds.numel(), ds.data(), dx.data());
+    }
+    if (tp_->size() > 1) tp_->all_reduce(dx.span());
+    // The router: the same on every TP rank (dweights are summed), so added after the reduce.
+    Tensor dlogits({n, e});
+    route_backward<Backend>(router_config_, r, dweights, dlogits.span());
+    if (ctx.moe.aux_loss_coeff > 0.0f)
+      sequence_aux_loss_backward<Backend>(router_config_, r, ctx.seq, ctx.moe.aux_loss_coeff, ctx.moe.aux_loss_scale,
+                                          dlogits.span());
+    linear_backward_weight(Backend{}, dlogits.data(), s.x.data(), router_.grad.data(), n, hidden_, e);
+    Tensor dx_router({n, hidden_});
+    linear_backward_input(Backend{}, dlogits.data(), router_.value.data(), dx_router.data(), n, hidden_, e);
+    add(Backend{}, dx.numel(), dx_router.data(), dx.data());
+    return dx;
+  }
+
+  /// The router, the shared experts, then this rank's routed experts (Parameter::expert).
+  std::vector<model::Parameter*> parameters() {
+    std::vector<model::Parameter*> p{&router_};
+    if (shared_)
+      for (auto* q : shared_->parameters()) p.push_back(q);
+    for (auto* q : routed_.parameters()) p.push_back(q);
+    return p;
+  }
+  /// State that is not trained by gradients but saved: the expert bias (empty without it).
+  std::vector<model::Parameter*> buffers() {
+    if (bias_) return {&*bias_};
+    return {};
+  }
+  /// The correction bias [E], null without --moe-router-enable-expert-bias.
+  model::Parameter* expert_bias() { return bias_ ? &*bias_ : nullptr; }
+
+  MoeLayerStats& stats() { return stats_; }
+  const ExpertDispatcher<Comm, Backend>& dispatcher() const { return dispatcher_; }
+
+  static std::string prefix(std::int64_t layer) { return "model.layers." + std::to_string(layer) + ".mlp"; }
+
+ private:
+  static std::vector<std::string> expert_prefixes(std::int64_t layer, std::int64_t first, std::int64_t count) {
+    std::vector<std::string> out;
+    for (std::int64_t g = first; g < first + count; ++g) out.push_back(prefix(layer) + ".experts." + std::to_string(g));
+    return out;
+  }
+
+  Comm* tp_;
+  RouterConfig router_config_;
+  std::int64_t hidden_;
+  ExpertDispatcher<Comm, Backend> dispatcher_;
+  model::Parameter router_;
+  std::optional<model::Parameter> bias_;
+  GroupedExperts<Backend> routed_;
+  std::optional<GroupedExperts<Backend>> shared_;
+  MoeLayerStats stats_;
+};
+
+}  // namespace dsp::ep
