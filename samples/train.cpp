@@ -1,12 +1,16 @@
-// dsp-train: trains the dense decoder on a byte-level text file with tensor, pipeline and
-// data parallelism (threads as ranks, or processes under mpiexec), Megatron flag spelling. Writes JSON-lines metrics, a
-// live progress line on a terminal, and sharded checkpoints.
+// dsp-train: trains the decoder (dense, or DeepSeekMoE with --num-experts) on a byte-level
+// text file with tensor, pipeline, data and expert parallelism (threads as ranks, or
+// processes under mpiexec), Megatron flag spelling. Writes JSON-lines metrics, a live progress
+// line on a terminal, sharded checkpoints and, for MoE models, an end-of-run routing table.
 //
 //   dsp-train --world-size 4 --tensor-model-parallel-size 2 --data-path data/tinyshakespeare.txt
 //             --train-iters 300 --save ckpt --metrics-file metrics.jsonl
 //   mpiexec -n 4 dsp-train --tensor-model-parallel-size 2 ...   (the same training, MpiComm)
 //   dsp-train --world-size 4 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 ...
 //             [--pipeline-schedule gpipe|1f1b|interleaved] [--num-layers-per-virtual-pipeline-stage K]
+//   dsp-train --world-size 4 --tensor-model-parallel-size 2 --expert-model-parallel-size 2
+//             --num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 128
+//             --moe-shared-expert-intermediate-size 128 --first-k-dense-replace 1 ...
 //
 // --profile-file trace.json writes a Chrome trace of steps [--profile-step-start,
 // --profile-step-end): per rank, compute, communication and idle spans (ui.perfetto.dev),
@@ -33,7 +37,10 @@ struct Options {
   int world_size = 0;  // 0: not given (1 thread, or the MPI size under mpiexec)
   int tensor_parallel = 1;
   int pipeline_parallel = 1;
+  int expert_parallel = 1;
   bool print_schedule = false;
+  std::int64_t shared_expert_intermediate_size = 0;
+  std::string router_score_function = "softmax", token_drop_policy = "probs";
   dsp::model::ModelConfig model;
   bool untie = false;
   dsp::train::TrainConfig train;
@@ -68,6 +75,28 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--norm-epsilon", o.model.norm_epsilon, "RMSNorm epsilon");
   app.add_option("--init-method-std", o.model.init_method_std, "std of the normal initialisation");
   app.add_flag("--untie-embeddings-and-output-weights", o.untie, "separate output layer (default: tied)");
+  app.add_option("--num-experts", o.model.num_experts, "routed experts per MoE layer (0: dense model)");
+  app.add_option("--moe-router-topk", o.model.moe_router_topk, "experts per token");
+  app.add_option("--moe-ffn-hidden-size", o.model.moe_ffn_hidden_size, "SwiGLU intermediate size of each expert (default: ffn-hidden-size)");
+  app.add_option("--moe-shared-expert-intermediate-size", o.shared_expert_intermediate_size,
+                 "total intermediate size of the shared experts (a multiple of moe-ffn-hidden-size)");
+  app.add_option("--num-shared-experts", o.model.num_shared_experts, "shared experts, each moe-ffn-hidden-size wide (or give the total size above)");
+  app.add_option("--first-k-dense-replace", o.model.first_k_dense_replace,
+                 "leading dense layers before the MoE layers (Megatron: --moe-layer-freq [0]*K+[1]*(L-K))");
+  app.add_option("--expert-model-parallel-size", o.expert_parallel, "ranks the routed experts are split over (divides the data-parallel size)");
+  app.add_option("--moe-router-score-function", o.router_score_function, "softmax (DeepSeek-V2) or sigmoid (DeepSeek-V3)")
+      ->check(CLI::IsMember({"softmax", "sigmoid"}));
+  app.add_flag("--moe-router-norm-topk-prob", o.model.moe_router_norm_topk_prob, "renormalise the top-k gate weights to sum 1 (always with sigmoid)");
+  app.add_option("--moe-router-topk-scaling-factor", o.model.moe_routed_scaling_factor, "multiplies every gate weight (routed_scaling_factor)");
+  app.add_option("--moe-router-num-groups", o.model.moe_router_num_groups, "expert groups for group-limited routing");
+  app.add_option("--moe-router-group-topk", o.model.moe_router_group_topk, "groups each token may pick experts from");
+  app.add_flag("--moe-router-enable-expert-bias", o.model.moe_router_enable_expert_bias,
+               "auxiliary-loss-free balancing: a per-expert bias on the selection scores, updated every step");
+  app.add_option("--moe-router-bias-update-rate", o.train.moe_router_bias_update_rate, "gamma: the bias step per optimizer step");
+  app.add_option("--moe-aux-loss-coeff", o.train.moe.aux_loss_coeff, "alpha of the sequence-wise balance loss (0: none)");
+  app.add_option("--moe-expert-capacity-factor", o.train.moe.capacity_factor, "expert capacity factor (default: dropless)");
+  app.add_option("--moe-token-drop-policy", o.token_drop_policy, "over capacity keep the highest gate weights (probs) or the earliest tokens (position)")
+      ->check(CLI::IsMember({"probs", "position"}));
   app.add_option("--micro-batch-size", o.train.micro_batch_size, "sequences per micro-batch per DP rank");
   app.add_option("--global-batch-size", o.train.global_batch_size, "sequences per optimizer step");
   app.add_option("--train-iters", o.train.train_iters, "optimizer steps");
@@ -94,12 +123,49 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--exit-interval", o.exit_interval, "stop (after saving) at the first step divisible by N");
   app.add_option("--load", o.load, "checkpoint directory to resume from");
   app.add_option("--data-path", o.data_path, "text file; bytes are tokens, the last 10% is validation")->required();
-  app.add_option("--metrics-file", o.metrics_file, "JSON lines: step, loss, val_loss, lr, grad_norm, tokens_per_s, mfu, step_time_s, bubble_fraction, peak_activation_bytes (global rank 0)");
+  app.add_option("--metrics-file", o.metrics_file, "JSON lines: step, loss, val_loss, lr, grad_norm, tokens_per_s, mfu, step_time_s, bubble_fraction, peak_activation_bytes, moe (per MoE layer: tokens_per_expert, max_over_mean_load, dropped, aux_loss) (global rank 0)");
   app.add_option("--peak-flops", o.peak_flops, "FLOP/s that MFU is measured against (default: measured sgemm peak)");
   app.add_option("--profile-file", o.profile_file, "write a Chrome trace (ui.perfetto.dev) of the profiled steps here");
   app.add_option("--profile-step-start", o.profile_step_start, "first profiled optimizer step (1-based; default 2)");
   app.add_option("--profile-step-end", o.profile_step_end, "profiled steps end before this one (default 4)");
 }
+
+// A step's MoE routing per layer for the metrics file.
+nlohmann::json moe_json(const std::vector<dsp::train::MoeStepStats>& layers) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& l : layers)
+    out.push_back({{"layer", l.layer}, {"tokens_per_expert", l.tokens_per_expert},
+                   {"max_over_mean_load", l.max_over_mean_load()}, {"dropped", l.dropped}, {"aux_loss", l.aux_loss}});
+  return out;
+}
+
+// The end-of-run routing table: per MoE layer, the tokens each expert got over the run,
+// max/mean of those, the dropped assignments, the last step's max/mean and aux loss.
+struct RoutingTable {
+  std::vector<dsp::train::MoeStepStats> total, last;
+  void add(const std::vector<dsp::train::MoeStepStats>& step) {
+    if (total.empty()) total = step;
+    else
+      for (std::size_t i = 0; i < step.size(); ++i) {
+        for (std::size_t e = 0; e < step[i].tokens_per_expert.size(); ++e)
+          total[i].tokens_per_expert[e] += step[i].tokens_per_expert[e];
+        total[i].dropped += step[i].dropped;
+      }
+    last = step;
+  }
+  void print() const {
+    if (total.empty()) return;
+    std::printf("MoE routing over this run (tokens per expert; max/mean load 1.00 = balanced):\n");
+    std::printf("layer | max/mean (run) | max/mean (last step) | dropped | aux loss (last) | tokens per expert\n");
+    for (std::size_t i = 0; i < total.size(); ++i) {
+      std::string counts;
+      for (auto v : total[i].tokens_per_expert) counts += (counts.empty() ? "" : " ") + std::to_string(v);
+      std::printf("%5lld | %14.2f | %20.2f | %7lld | %15.4g | %s\n", static_cast<long long>(total[i].layer),
+                  total[i].max_over_mean_load(), last[i].max_over_mean_load(), static_cast<long long>(total[i].dropped),
+                  last[i].aux_loss, counts.c_str());
+    }
+  }
+};
 
 std::string eta(double seconds) {
   const auto s = static_cast<long>(seconds);
@@ -126,7 +192,8 @@ void train(Options& o) {
 
   samples::run_ranks(o.world_size, [&]<class Comm>(Comm& world) {  // ThreadComm, or MpiComm under mpiexec
     using P = dsp::Policy<dsp::backend::Host, Comm>;
-    dsp::DeviceMesh mesh(world, dsp::ParallelLayout{.tensor = o.tensor_parallel, .pipeline = o.pipeline_parallel});
+    dsp::DeviceMesh mesh(world, dsp::ParallelLayout{.tensor = o.tensor_parallel, .pipeline = o.pipeline_parallel,
+                                                    .expert = o.expert_parallel});
     dsp::train::Trainer<P> trainer(o.model, o.train, mesh, data);
     if (!o.load.empty()) dsp::train::load_checkpoint(o.load, trainer);
     const bool lead = world.rank() == 0;
@@ -144,6 +211,7 @@ void train(Options& o) {
     }
     const auto t_start = std::chrono::steady_clock::now();
     const std::int64_t first = trainer.iteration();
+    RoutingTable routing;
     bool tracing = false;  // this rank records the trace: step in [profile_step_start, profile_step_end)
     const auto trace_before = [&](std::int64_t step) {
       const bool on = !o.profile_file.empty() && step >= o.profile_step_start && step < o.profile_step_end;
@@ -168,6 +236,7 @@ void train(Options& o) {
                               {"step_time_s", r.seconds}, {"bubble_fraction", r.bubble_fraction},
                               {"peak_activation_bytes", r.peak_activation_bytes}};
           if (eval) j["val_loss"] = val;
+          if (!r.moe.empty()) j["moe"] = moe_json(r.moe);
           *metrics << j.dump() << '\n' << std::flush;
         }
         const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
@@ -183,6 +252,7 @@ void train(Options& o) {
           std::printf(eval ? "%s | val loss %.4f\n" : "%s\n", line, val);
         }
         std::fflush(stdout);
+        routing.add(r.moe);
       }
       if (stop) break;
     }
@@ -197,6 +267,7 @@ void train(Options& o) {
       }
     }
     if (lead) {
+      routing.print();
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
       std::printf("trained %lld steps in %.1f s%s%s\n", static_cast<long long>(trainer.iteration() - first), elapsed,
                   o.save.empty() ? "" : ", checkpoint in ", o.save.c_str());
@@ -207,12 +278,22 @@ void train(Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"dsp-train: tensor-, pipeline- and data-parallel training of a dense decoder on byte-level text"};
+  CLI::App app{"dsp-train: tensor-, pipeline-, data- and expert-parallel training of a dense or MoE decoder on byte-level text"};
   Options o;
   add_flags(app, o);
   return samples::run_main(app, argc, argv, [&] {
     if (app.count("--num-query-groups") == 0) o.model.num_query_groups = o.model.num_attention_heads;
     o.train.ddp.grad_reduce_dtype = dsp::dp::grad_reduce_dtype_from_name(o.grad_reduce_dtype);
+    if (o.model.moe_ffn_hidden_size == 0) o.model.moe_ffn_hidden_size = o.model.ffn_hidden_size;
+    if (app.count("--moe-shared-expert-intermediate-size") > 0) {
+      DSP_CHECK_AS(dsp::ConfigError, app.count("--num-shared-experts") == 0,
+                   "give --moe-shared-expert-intermediate-size or --num-shared-experts, not both");
+      o.model.num_shared_experts = dsp::divide(o.shared_expert_intermediate_size, o.model.moe_ffn_hidden_size,
+                                               "--moe-shared-expert-intermediate-size");
+    }
+    o.model.moe_router_score_function =
+        o.router_score_function == "sigmoid" ? dsp::ep::ScoreFunction::Sigmoid : dsp::ep::ScoreFunction::Softmax;
+    o.train.moe.drop_policy = o.token_drop_policy == "position" ? dsp::ep::DropPolicy::Position : dsp::ep::DropPolicy::Probability;
     train(o);
   });
 }

@@ -6,6 +6,10 @@
 # `scripts/demo.sh pp`: the pipeline demo instead: the same model trained TP2 x PP2, its
 # checkpoint served at TP4 on one stage and checked against the TP2 x PP2 layout
 # (default out/demo_pp).
+# `scripts/demo.sh moe`: the MoE demo: a DeepSeekMoE model (8 routed experts, top-2, a shared
+# expert, the first layer dense, sigmoid router with the expert bias) trained TP2 x EP2 on 4
+# ranks, resharded to TP1 (every expert on one rank), generated from, and checked against its
+# training layout (default out/demo_moe).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -23,6 +27,19 @@ if [ "${1:-}" = pp ]; then
     --temperature 0.8 --top-k 40 --top-p 0.95 --seed 7
   "$bin/dsp-consistency-check" --load "$out/ckpt" --tensor-model-parallel-size 4
   echo "pipeline demo finished: checkpoint and metrics in $out"
+  exit 0
+fi
+
+if [ "${1:-}" = moe ]; then
+  out=${DSP_DEMO_DIR:-out/demo_moe}
+  mkdir -p "$out"
+  echo "== 1. train (TP2 x EP2 on 4 ranks: DP2, the experts split over the two DP ranks) =="
+  "$bin/dsp-train" --config samples/configs/demo_moe.json --save "$out/ckpt" --metrics-file "$out/metrics.jsonl"
+  echo "== 2. reshard to TP1 / EP1, generate, and check against the TP2 x EP2 checkpoint =="
+  "$bin/dsp-reshard" --load "$out/ckpt" --save "$out/ckpt_tp1" --tensor-model-parallel-size 1
+  "$bin/dsp-generate" --load "$out/ckpt_tp1" --prompt "ROMEO:" --max-new-tokens 90 --temperature 0.8 --top-k 40 --seed 1
+  "$bin/dsp-consistency-check" --load "$out/ckpt_tp1" --reference "$out/ckpt" --tensor-model-parallel-size 1
+  echo "MoE demo finished: checkpoints and metrics in $out"
   exit 0
 fi
 

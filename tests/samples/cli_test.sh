@@ -9,6 +9,10 @@
 #    a PP2 run stopped at step 3 resumes at PP2 (exactly), PP4 and PP1 (1e-5); a TP2 x PP2
 #    checkpoint resharded, merged in layer order, generated from, and consistent at TP4/PP1 and
 #    TP1/PP1 with its training layout (the reference runs at TP2 x PP2);
+#  - MoE (8 experts, top-2, a shared expert, the first layer dense, sigmoid router with the
+#    expert bias, aux loss): EP2, EP2 x DP2 (world 4) and TP2 x EP2 give the world-1 losses
+#    (1e-5 relative); the metrics carry per-layer routing and the run ends with its table; an
+#    EP2 checkpoint resumes at EP1 and is served at TP1 consistent with its training layout;
 #  - bad input: a clear message, a non-zero exit and no partial output.
 # Usage: cli_test.sh BIN_DIR DATA_FILE
 set -uo pipefail
@@ -215,6 +219,45 @@ expect_fail "interleaved with micro-batches not a multiple of PP" \
   --global-batch-size 6 --metrics-file "$work/m14"
 expect_fail "reshard to PP2" "dsp-reshard writes one pipeline stage" "$work/bad_pp" -- \
   "$bin/dsp-reshard" --load "$work/ckpt_pp" --save "$work/bad_pp" --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2
+
+# --- MoE and expert parallelism: the same losses at any EP, routing metrics, EP2 -> EP1 -----
+moe=("${model[@]}" --num-layers 3 --peak-flops 1e10 --num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 16
+     --moe-shared-expert-intermediate-size 16 --first-k-dense-replace 1 --moe-router-score-function sigmoid
+     --moe-router-enable-expert-bias --moe-router-bias-update-rate 0.01 --moe-aux-loss-coeff 0.001)
+"$bin/dsp-train" "${moe[@]}" --metrics-file "$work/moe_ref.jsonl" >"$work/moe_ref.out" || fail "MoE world-1 run"
+"$bin/dsp-train" --world-size 2 --expert-model-parallel-size 2 "${moe[@]}" --metrics-file "$work/moe_ep2.jsonl" \
+  --save "$work/ckpt_moe" >"$work/moe_ep2.out" || fail "MoE EP2 run: $(cat "$work/moe_ep2.out")"
+same_losses "MoE EP2" "$work/moe_ref.jsonl" "$work/moe_ep2.jsonl"
+"$bin/dsp-train" --world-size 4 --expert-model-parallel-size 2 "${moe[@]}" --global-batch-size 4 \
+  --micro-batch-size 1 --metrics-file "$work/moe_dp4.jsonl" >/dev/null || fail "MoE EP2 x DP4 run"
+"$bin/dsp-train" "${moe[@]}" --global-batch-size 4 --micro-batch-size 1 --metrics-file "$work/moe_ref1.jsonl" \
+  >/dev/null || fail "MoE world-1 run, micro-batch 1"
+same_losses "MoE EP2 with DP4" "$work/moe_ref1.jsonl" "$work/moe_dp4.jsonl"
+"$bin/dsp-train" --world-size 4 --tensor-model-parallel-size 2 --expert-model-parallel-size 2 "${moe[@]}" \
+  --metrics-file "$work/moe_tp2ep2.jsonl" >"$work/out" || fail "MoE TP2 x EP2 run: $(cat "$work/out")"
+grep -q "TP2/PP1/DP2/EP2" "$work/out" && ok || fail "TP2 x EP2 run did not report its layout: $(cat "$work/out")"
+same_losses "MoE TP2 x EP2" "$work/moe_ref.jsonl" "$work/moe_tp2ep2.jsonl"
+# per step and MoE layer (1 and 2): tokens per expert summing to tokens x k = 4 x 64 x 2
+[ "$(grep -c '"moe":\[{"aux_loss":[^,]*,"dropped":0,"layer":1,"max_over_mean_load":[^,]*,"tokens_per_expert":\[' "$work/moe_ep2.jsonl")" -eq 6 ] \
+  && [ "$(head -n 1 "$work/moe_ep2.jsonl" | grep -o '"tokens_per_expert":\[[0-9,]*\]' | head -n 1 | tr -dc '0-9,' | tr ',' '\n' | awk '{ s += $1 } END { print s }')" -eq 512 ] \
+  && ok || fail "MoE metrics lack per-layer routing: $(head -n 1 "$work/moe_ep2.jsonl")"
+grep -q "^layer | max/mean (run)" "$work/moe_ep2.out" && grep -Eq "^    2 \| +[0-9.]+ \|" "$work/moe_ep2.out" && ok \
+  || fail "no end-of-run routing table: $(cat "$work/moe_ep2.out")"
+cp <(head -n 3 "$work/moe_ep2.jsonl") "$work/moe_resumed.jsonl"
+"$bin/dsp-train" --world-size 2 --expert-model-parallel-size 2 "${moe[@]}" --exit-interval 3 --save "$work/ckpt_moe_half" \
+  >/dev/null || fail "MoE EP2 first half"
+"$bin/dsp-train" "${moe[@]}" --load "$work/ckpt_moe_half" --metrics-file "$work/moe_resumed.jsonl" >"$work/out" 2>&1 \
+  || fail "MoE EP2 checkpoint resumed at EP1: $(cat "$work/out")"
+same_losses "MoE EP2 checkpoint resumed at EP1" "$work/moe_ep2.jsonl" "$work/moe_resumed.jsonl"
+"$bin/dsp-reshard" --load "$work/ckpt_moe" --save "$work/ckpt_moe_tp1" --tensor-model-parallel-size 1 >/dev/null \
+  && "$bin/dsp-consistency-check" --load "$work/ckpt_moe_tp1" --reference "$work/ckpt_moe" --tensor-model-parallel-size 1 \
+  >"$work/cc" && grep -q '"consistent":true' "$work/cc" && ok || fail "MoE EP2 checkpoint served at TP1: $(cat "$work/cc")"
+expect_fail "experts not divisible by EP" "number of experts (6) is not divisible by expert-model-parallel-size (4)" "$work/m15" -- \
+  "$bin/dsp-train" --world-size 4 --expert-model-parallel-size 4 "${moe[@]}" --num-experts 6 --metrics-file "$work/m15"
+expect_fail "EP does not divide DP" "data-parallel size 2 is not divisible by expert-model-parallel-size 4" "$work/m16" -- \
+  "$bin/dsp-train" --world-size 4 --tensor-model-parallel-size 2 --expert-model-parallel-size 4 "${moe[@]}" --metrics-file "$work/m16"
+expect_fail "shared expert size not a multiple" "--moe-shared-expert-intermediate-size (24) is not divisible by 16" "$work/m17" -- \
+  "$bin/dsp-train" "${moe[@]}" --moe-shared-expert-intermediate-size 24 --metrics-file "$work/m17"
 
 mkdir -p "$work/notes" && echo keep >"$work/notes/keep.txt"
 expect_fail "--save onto a directory of other files (refused before training)" "refusing to replace" "$work/m7" -- \

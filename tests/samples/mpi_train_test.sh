@@ -2,6 +2,7 @@
 # dsp-train under mpiexec (one rank per process, MpiComm) against the thread run (ThreadComm):
 #  - TP=2 x DP=2 on 4 processes gives the thread run's 20 losses within 1e-5 relative;
 #  - TP=2 x PP=2 on 4 processes (pipeline sends and receives between processes) likewise;
+#  - an MoE model at TP=2 x EP=2 (tokens exchanged by all_to_all_v between processes) likewise;
 #  - --world-size that differs from the MPI size: a message naming both, non-zero exit;
 #  - --profile-file on 2 processes: rank 0 writes one trace with spans of both ranks;
 #  - a rank killed with SIGKILL, and a rank that throws (only rank 0 opens the metrics file),
@@ -66,6 +67,8 @@ mpi_equals_threads() {
 # --- MPI run == thread run (TP2 x DP2, and TP2 x PP2) ----------------------------------------
 mpi_equals_threads tp2dp2 "TP2/PP1/DP2"
 mpi_equals_threads tp2pp2 "TP2/PP2/DP1" --pipeline-model-parallel-size 2
+mpi_equals_threads tp2ep2 "TP2/PP1/DP2/EP2" --expert-model-parallel-size 2 --num-experts 8 --moe-router-topk 2 \
+  --moe-ffn-hidden-size 32 --num-shared-experts 1 --first-k-dense-replace 1 --moe-aux-loss-coeff 0.001
 
 # --- --world-size must equal the MPI size ---------------------------------------------------
 timeout 60 "${mpi[@]}" -n 2 "$bin/dsp-train" "${model[@]}" --world-size 4 --train-iters 2 >"$work/out" 2>&1
