@@ -101,8 +101,9 @@ class ExpertDispatcher {
 
   /// rows [A, hidden] in plan order -> this rank's experts' rows [R, hidden], expert-major
   /// (local expert 0's rows from EP rank 0, 1, ..., then local expert 1's ...). Collective over
-  /// the EP group.
-  Tensor dispatch(const DispatchPlan& d, const Tensor& rows) {
+  /// the EP group; with one EP rank the rows are already in that order and are returned as they are.
+  Tensor dispatch(const DispatchPlan& d, Tensor rows) {
+    if (ep_->size() == 1) return rows;
     Tensor received({d.local_rows(), hidden_});
     ep_->all_to_all_v(std::span<const float>(rows.span()), scaled(d.send_rows), received.span(), scaled(d.recv_rows));
     Tensor out({d.local_rows(), hidden_});
@@ -110,8 +111,9 @@ class ExpertDispatcher {
     return out;
   }
   /// Inverse of dispatch: expert-major rows [R, hidden] -> [A, hidden] in plan order on the
-  /// ranks the tokens came from. Collective over the EP group.
-  Tensor undispatch(const DispatchPlan& d, const Tensor& local) {
+  /// ranks the tokens came from. Collective over the EP group (none with one EP rank).
+  Tensor undispatch(const DispatchPlan& d, Tensor local) {
+    if (ep_->size() == 1) return local;
     Tensor by_source({d.local_rows(), hidden_});
     regroup_rows(Backend{}, local.data(), d.recv_counts.data(), ep_->size(), num_local_, hidden_, false,
                  by_source.data());

@@ -134,8 +134,8 @@ class MoELayer {
     }
     DispatchPlan plan = dispatcher_.plan(r);
     const Tensor local = dispatcher_.dispatch(plan, dispatcher_.permute(plan, x));
-    const Tensor out = routed_.forward(local, plan.rows_per_local_expert, saved ? &saved->routed : nullptr);
-    Tensor back = dispatcher_.undispatch(plan, out);
+    Tensor back = dispatcher_.undispatch(plan, routed_.forward(local, plan.rows_per_local_expert,
+                                                               saved ? &saved->routed : nullptr));
     Tensor y = dispatcher_.combine(plan, r, back);
     if (shared_) {
       if (saved) saved->shared.emplace();
@@ -159,10 +159,10 @@ class MoELayer {
     const Routing& r = s.routing;
     const std::int64_t n = dy.dim(0), e = router_config_.num_experts;
     std::vector<float> dweights(r.weights.size(), 0.0f);
-    const Tensor dback = dispatcher_.combine_backward(s.plan, r, s.back, dy, dweights);
+    Tensor dback = dispatcher_.combine_backward(s.plan, r, s.back, dy, dweights);
     if (tp_->size() > 1) tp_->all_reduce(std::span(dweights));  // the rows were partial over TP
-    const Tensor dlocal = routed_.backward(dispatcher_.dispatch(s.plan, dback), s.routed);
-    Tensor dx = dispatcher_.unpermute(s.plan, dispatcher_.undispatch(s.plan, dlocal), n);
+    Tensor dlocal = routed_.backward(dispatcher_.dispatch(s.plan, std::move(dback)), s.routed);
+    Tensor dx = dispatcher_.unpermute(s.plan, dispatcher_.undispatch(s.plan, std::move(dlocal)), n);
     if (shared_) {
       const Tensor ds = shared_->backward(dy, *s.shared);
       add(Backend{}, ds.numel(), ds.data(), dx.data());
