@@ -87,7 +87,7 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--moe-router-score-function", o.router_score_function, "softmax (DeepSeek-V2) or sigmoid (DeepSeek-V3)")
       ->check(CLI::IsMember({"softmax", "sigmoid"}));
   app.add_flag("--moe-router-norm-topk-prob", o.model.moe_router_norm_topk_prob, "renormalise the top-k gate weights to sum 1 (always with sigmoid)");
-  app.add_option("--moe-router-topk-scaling-factor", o.model.moe_routed_scaling_factor, "multiplies every gate weight (routed_scaling_factor)");
+  app.add_option("--moe-router-topk-scaling-factor", o.model.moe_router_topk_scaling_factor, "multiplies every gate weight (routed_scaling_factor)");
   app.add_option("--moe-router-num-groups", o.model.moe_router_num_groups, "expert groups for group-limited routing");
   app.add_option("--moe-router-group-topk", o.model.moe_router_group_topk, "groups each token may pick experts from");
   app.add_flag("--moe-router-enable-expert-bias", o.model.moe_router_enable_expert_bias,
@@ -284,6 +284,14 @@ int main(int argc, char** argv) {
   return samples::run_main(app, argc, argv, [&] {
     if (app.count("--num-query-groups") == 0) o.model.num_query_groups = o.model.num_attention_heads;
     o.train.ddp.grad_reduce_dtype = dsp::dp::grad_reduce_dtype_from_name(o.grad_reduce_dtype);
+    if (o.model.num_experts == 0)  // a dense model: MoE flags would be silently ignored
+      for (const char* flag : {"--moe-router-topk", "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size",
+                               "--num-shared-experts", "--first-k-dense-replace", "--moe-router-score-function",
+                               "--moe-router-norm-topk-prob", "--moe-router-topk-scaling-factor",
+                               "--moe-router-num-groups", "--moe-router-group-topk", "--moe-router-enable-expert-bias",
+                               "--moe-router-bias-update-rate", "--moe-aux-loss-coeff", "--moe-expert-capacity-factor",
+                               "--moe-token-drop-policy"})
+        DSP_CHECK_AS(dsp::ConfigError, app.count(flag) == 0, flag, " needs an MoE model (--num-experts > 0)");
     if (o.model.moe_ffn_hidden_size == 0) o.model.moe_ffn_hidden_size = o.model.ffn_hidden_size;
     if (app.count("--moe-shared-expert-intermediate-size") > 0) {
       DSP_CHECK_AS(dsp::ConfigError, app.count("--num-shared-experts") == 0,

@@ -90,7 +90,7 @@ model::ModelConfig config_of(const RoutingCase& r) {
   c.moe_router_norm_topk_prob = r.norm_topk_prob;
   c.moe_router_num_groups = r.groups;
   c.moe_router_group_topk = r.group_topk;
-  c.moe_routed_scaling_factor = r.scaling;
+  c.moe_router_topk_scaling_factor = r.scaling;
   c.moe_router_enable_expert_bias = r.expert_bias;
   return c;
 }
@@ -644,6 +644,6 @@ TEST_CASE("MoE layer: experts not divisible by the expert-parallel size throw Co
     const std::string dispatcher =
         message([&] { ep::ExpertDispatcher<comm::ThreadComm>(mesh.expert_group(), 6, kHidden); });
     CAPTURE(dispatcher);
-    CHECK(dispatcher.find("number of experts (6) is not divisible by 4") != std::string::npos);
+    CHECK(dispatcher.find("number of experts (6) is not divisible by expert-model-parallel-size (4)") != std::string::npos);
   });
 }

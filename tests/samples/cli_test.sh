@@ -256,6 +256,14 @@ expect_fail "experts not divisible by EP" "number of experts (6) is not divisibl
   "$bin/dsp-train" --world-size 4 --expert-model-parallel-size 4 "${moe[@]}" --num-experts 6 --metrics-file "$work/m15"
 expect_fail "EP does not divide DP" "data-parallel size 2 is not divisible by expert-model-parallel-size 4" "$work/m16" -- \
   "$bin/dsp-train" --world-size 4 --tensor-model-parallel-size 2 --expert-model-parallel-size 4 "${moe[@]}" --metrics-file "$work/m16"
+expect_fail "negative number of experts" "number of experts must be >= 0 (0: dense), got -4" "$work/m18" -- \
+  "$bin/dsp-train" "${moe[@]}" --num-experts -4 --metrics-file "$work/m18"
+expect_fail "NaN capacity factor" "--moe-expert-capacity-factor must be finite" "$work/m19" -- \
+  "$bin/dsp-train" "${moe[@]}" --moe-expert-capacity-factor nan --metrics-file "$work/m19"
+expect_fail "expert parallelism of a dense model" "expert-model-parallel-size 2 needs an MoE model" "$work/m20" -- \
+  "$bin/dsp-train" --world-size 2 --expert-model-parallel-size 2 "${model[@]}" --metrics-file "$work/m20"
+expect_fail "an MoE flag without experts" "--moe-router-topk needs an MoE model" "$work/m21" -- \
+  "$bin/dsp-train" "${model[@]}" --moe-router-topk 4 --metrics-file "$work/m21"
 expect_fail "shared expert size not a multiple" "--moe-shared-expert-intermediate-size (24) is not divisible by 16" "$work/m17" -- \
   "$bin/dsp-train" "${moe[@]}" --moe-shared-expert-intermediate-size 24 --metrics-file "$work/m17"
 

@@ -27,9 +27,7 @@ inline State parameter_state(const std::vector<model::Parameter*>& params, State
 /// checkpoint entries.
 template <class Policy>
 State stage_state(pp::PipelineStage<Policy>& stage, StateUse use) {
-  std::vector<model::Parameter*> params = stage.parameters();
-  for (auto* b : stage.buffers()) params.push_back(b);
-  return parameter_state(params, use);
+  return parameter_state(stage.state_parameters(), use);
 }
 
 /// Every parameter and buffer of a whole model as checkpoint entries.
@@ -45,14 +43,19 @@ inline model::ModelConfig read_model_config(const std::filesystem::path& dir) {
   return model::ModelConfig::from_hf_json(read_manifest(dir).meta.model_config);
 }
 
-/// Throws CheckpointError when the manifest's model config is not `expected`.
+/// Throws CheckpointError naming the first differing field when the manifest's model config
+/// is not `expected` (a field only one side has, e.g. n_routed_experts, counts too).
 inline void check_model_config(const std::filesystem::path& dir, const Manifest& m, const model::ModelConfig& expected) {
   const nlohmann::json want = expected.to_hf_json();
-  for (const auto& [key, value] : want.items())
-    DSP_CHECK_AS(CheckpointError, m.meta.model_config.contains(key) && m.meta.model_config.at(key) == value,
-                 "checkpoint ", dir.string(), " is of another model config: ", key, " is ",
-                 m.meta.model_config.contains(key) ? m.meta.model_config.at(key).dump() : std::string("missing"),
-                 ", this run uses ", value.dump());
+  const nlohmann::json& saved = m.meta.model_config;
+  const auto field = [](const nlohmann::json& j, const std::string& key) {
+    return j.contains(key) ? j.at(key).dump() : std::string("missing");
+  };
+  for (const auto* side : {&want, &saved})
+    for (const auto& [key, value] : side->items())
+      DSP_CHECK_AS(CheckpointError, want.contains(key) && saved.contains(key) && saved.at(key) == want.at(key),
+                   "checkpoint ", dir.string(), " is of another model config: ", key, " is ", field(saved, key),
+                   ", this run uses ", field(want, key));
 }
 
 /// Loads the parameters of `m` (any TP size: resharding straight from the manifest);

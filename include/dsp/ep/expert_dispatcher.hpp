@@ -19,7 +19,6 @@
 
 #include "dsp/backend/host/moe_permute.hpp"
 #include "dsp/comm/communicator.hpp"
-#include "dsp/core/divide.hpp"
 #include "dsp/core/tensor.hpp"
 #include "dsp/ep/router.hpp"
 
@@ -49,7 +48,7 @@ class ExpertDispatcher {
   ExpertDispatcher(Comm& ep, std::int64_t num_experts, std::int64_t hidden)
       : ep_(&ep),
         num_experts_(num_experts),
-        num_local_(divide(num_experts, static_cast<std::int64_t>(ep.size()), "number of experts")),
+        num_local_(local_experts(num_experts, ep.size())),
         hidden_(hidden) {}
 
   std::int64_t num_local_experts() const { return num_local_; }
@@ -142,6 +141,12 @@ class ExpertDispatcher {
   }
 
  private:
+  static std::int64_t local_experts(std::int64_t num_experts, int ep_size) {
+    DSP_CHECK_AS(ConfigError, num_experts >= 1 && num_experts % ep_size == 0, "number of experts (", num_experts,
+                 ") is not divisible by expert-model-parallel-size (", ep_size, ")");
+    return num_experts / ep_size;
+  }
+
   std::vector<std::int64_t> scaled(const std::vector<std::int64_t>& rows) const {
     std::vector<std::int64_t> out(rows);
     for (auto& v : out) v *= hidden_;

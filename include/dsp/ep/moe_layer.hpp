@@ -7,11 +7,13 @@
 // ExpertDispatcher) and tensor parallelism (every expert split over TP as the dense MLP is; the
 // router replicated). Each TP rank routes the same tokens identically and runs the same
 // all-to-all with the same TP rank of the other EP ranks; the routed and shared experts'
-// partial outputs are summed and all-reduced over TP once (one all-reduce per block, as
-// Megatron's row-parallel output).
+// partial outputs are summed and all-reduced over TP once in forward (one all-reduce per
+// block, as Megatron's row-parallel output); backward all-reduces over TP twice: the gate
+// weights' gradient [tokens, k] (small) and the input gradient.
 // Hugging Face names under "model.layers.{i}.mlp": gate.weight [E, hidden],
 // gate.e_score_correction_bias [E] (with the expert bias), experts.{e}.{gate,up,down}_proj.weight
 // with the global expert index e, shared_experts.{gate,up,down}_proj.weight.
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <string>

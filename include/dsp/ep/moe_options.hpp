@@ -8,7 +8,8 @@ namespace dsp::ep {
 
 struct MoeOptions {
   /// --moe-expert-capacity-factor: each expert takes at most ceil(factor x tokens x k / E)
-  /// assignments of a micro-batch on a rank (ep::expert_capacity); <= 0: dropless.
+  /// assignments of a micro-batch on a rank (ep::expert_capacity); <= 0: dropless. Must be
+  /// finite (the Trainer throws ConfigError otherwise).
   float capacity_factor = 0.0f;
   /// --moe-token-drop-policy: which assignments an over-full expert keeps.
   DropPolicy drop_policy = DropPolicy::Probability;

@@ -37,7 +37,7 @@ struct ModelConfig {
   bool moe_router_norm_topk_prob = false;   ///< --moe-router-norm-topk-prob (norm_topk_prob)
   std::int64_t moe_router_num_groups = 1;   ///< --moe-router-num-groups (n_group)
   std::int64_t moe_router_group_topk = 1;   ///< --moe-router-group-topk (topk_group)
-  float moe_routed_scaling_factor = 1.0f;   ///< --moe-router-topk-scaling-factor (routed_scaling_factor)
+  float moe_router_topk_scaling_factor = 1.0f;  ///< --moe-router-topk-scaling-factor (routed_scaling_factor)
   bool moe_router_enable_expert_bias = false;  ///< --moe-router-enable-expert-bias (topk_method noaux_tc)
 
   std::int64_t head_dim() const { return hidden_size / num_attention_heads; }
@@ -48,11 +48,12 @@ struct ModelConfig {
   /// The router of the MoE layers.
   ep::RouterConfig router() const {
     return {num_experts, moe_router_topk, moe_router_score_function, moe_router_norm_topk_prob,
-            moe_router_num_groups, moe_router_group_topk, moe_routed_scaling_factor};
+            moe_router_num_groups, moe_router_group_topk, moe_router_topk_scaling_factor};
   }
 
   /// Throws ConfigError naming both numbers when a size does not divide (or is not positive).
   void validate(int tensor_parallel) const {
+    DSP_CHECK_AS(ConfigError, num_experts >= 0, "number of experts must be >= 0 (0: dense), got ", num_experts);
     for (auto [name, value] : {std::pair{"vocab size", vocab_size}, {"hidden size", hidden_size},
                                {"number of layers", num_layers}, {"ffn hidden size", ffn_hidden_size},
                                {"sequence length", seq_length}, {"number of attention heads", num_attention_heads},
@@ -79,8 +80,11 @@ struct ModelConfig {
     divide(moe_ffn_hidden_size, tensor_parallel, "moe ffn hidden size");
   }
 
-  /// Throws ConfigError naming both numbers unless expert_parallel divides the routed experts.
+  /// Throws ConfigError naming both numbers unless expert_parallel divides the routed experts;
+  /// a dense model takes expert_parallel 1 only.
   void validate_expert_parallel(int expert_parallel) const {
+    DSP_CHECK_AS(ConfigError, is_moe() || expert_parallel == 1, "expert-model-parallel-size ", expert_parallel,
+                 " needs an MoE model (--num-experts > 0)");
     if (!is_moe()) return;
     DSP_CHECK_AS(ConfigError, num_experts % expert_parallel == 0, "number of experts (", num_experts,
                  ") is not divisible by expert-model-parallel-size (", expert_parallel, ")");
@@ -105,8 +109,11 @@ struct ModelConfig {
     return num_parameters() - (num_layers - first_k_dense_replace) * idle;
   }
 
-  /// Hugging Face config.json (Llama architecture: the dense DeepSeek-style block with GQA);
-  /// an MoE model adds DeepSeek-V3's MoE fields (its attention stays GQA, not MLA).
+  /// Hugging Face config.json: a dense model is the Llama architecture (the dense
+  /// DeepSeek-style block with GQA). An MoE model carries DeepSeek-V3's MoE field names under
+  /// its own architecture name, "DspMoeForCausalLM": its attention is GQA, not MLA, and its
+  /// group-limited routing scores a group by its top-2 sum (V3) for softmax scores too, so no
+  /// transformers class computes it; dsp's own programs read it back (from_hf_json).
   nlohmann::json to_hf_json() const {
     nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}},
             {"model_type", "llama"},
@@ -125,17 +132,19 @@ struct ModelConfig {
             {"attention_bias", false},
             {"torch_dtype", "float32"}};
     if (!is_moe()) return j;
+    j["architectures"] = {"DspMoeForCausalLM"};
+    j["model_type"] = "dsp_moe";
     j["n_routed_experts"] = num_experts;
     j["num_experts_per_tok"] = moe_router_topk;
     j["moe_intermediate_size"] = moe_ffn_hidden_size;
     j["n_shared_experts"] = num_shared_experts;
     j["first_k_dense_replace"] = first_k_dense_replace;
     j["scoring_func"] = moe_router_score_function == ep::ScoreFunction::Sigmoid ? "sigmoid" : "softmax";
-    j["norm_topk_prob"] = moe_router_norm_topk_prob;
+    j["norm_topk_prob"] = router().normalizes();  // sigmoid scores are always renormalised
     j["n_group"] = moe_router_num_groups;
     j["topk_group"] = moe_router_group_topk;
-    j["routed_scaling_factor"] = moe_routed_scaling_factor;
-    j["topk_method"] = moe_router_enable_expert_bias ? "noaux_tc" : (moe_router_num_groups > 1 ? "group_limited_greedy" : "greedy");
+    j["routed_scaling_factor"] = moe_router_topk_scaling_factor;
+    j["topk_method"] = moe_router_enable_expert_bias ? "noaux_tc" : "greedy";  // noaux_tc: with e_score_correction_bias
     return j;
   }
   /// Inverse of to_hf_json; throws ConfigError naming a missing field.
@@ -156,7 +165,9 @@ struct ModelConfig {
     c.norm_epsilon = get("rms_norm_eps").get<float>();
     c.tie_word_embeddings = get("tie_word_embeddings").get<bool>();
     c.init_method_std = j.value("initializer_range", 0.02f);
-    c.num_experts = j.value("n_routed_experts", std::int64_t{0});
+    c.num_experts = j.contains("n_routed_experts") && !j.at("n_routed_experts").is_null()
+                        ? j.at("n_routed_experts").get<std::int64_t>()
+                        : 0;  // absent or null (DeepSeek's dense configs): dense
     if (!c.is_moe()) return c;
     c.moe_router_topk = get("num_experts_per_tok").get<std::int64_t>();
     c.moe_ffn_hidden_size = get("moe_intermediate_size").get<std::int64_t>();
@@ -168,7 +179,7 @@ struct ModelConfig {
     c.moe_router_norm_topk_prob = j.value("norm_topk_prob", false);
     c.moe_router_num_groups = j.value("n_group", std::int64_t{1});
     c.moe_router_group_topk = j.value("topk_group", std::int64_t{1});
-    c.moe_routed_scaling_factor = j.value("routed_scaling_factor", 1.0f);
+    c.moe_router_topk_scaling_factor = j.value("routed_scaling_factor", 1.0f);
     c.moe_router_enable_expert_bias = j.value("topk_method", std::string()) == "noaux_tc";
     return c;
   }

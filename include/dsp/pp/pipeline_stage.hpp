@@ -161,9 +161,10 @@ class PipelineStage {
     if (tied_copy_) p.push_back(tied_copy_.get());
     return p;
   }
-  /// State saved with the parameters but not trained by gradients (MoE expert biases).
-  std::vector<Parameter*> buffers() {
-    std::vector<Parameter*> out;
+  /// What a checkpoint holds of this stage: parameters(), then the state gradients do not
+  /// train (MoE expert biases).
+  std::vector<Parameter*> state_parameters() {
+    std::vector<Parameter*> out = parameters();
     for (auto& b : blocks_)
       for (auto* q : b->buffers()) out.push_back(q);
     return out;

@@ -5,9 +5,8 @@
 // 0, one file per (TP rank, pipeline rank) holding that rank's layers under their global
 // names; loading reads them at any TP and PP size (the manifest holds every split, and each
 // rank reads the global tensors of the layers it holds). Routed experts split over an
-// expert-parallel group are all-gathered to its first rank (DP rank 0) before writing, so the
-// files hold every expert and load at any expert-parallel size.
-#include <algorithm>
+// expert-parallel group are sent to its first rank (DP rank 0) before writing, so the files
+// hold every expert and load at any expert-parallel size.
 #include <deque>
 #include <filesystem>
 #include <optional>
@@ -25,9 +24,7 @@ namespace dsp::train {
 /// copies (their owner saves them), for loading with them.
 template <class Policy>
 checkpoint::State training_state(Trainer<Policy>& t, checkpoint::StateUse use) {
-  std::vector<model::Parameter*> params = t.parameters();
-  for (auto* b : t.buffers()) params.push_back(b);  // MoE expert biases
-  checkpoint::State s = checkpoint::parameter_state(params, use);
+  checkpoint::State s = checkpoint::parameter_state(t.state_parameters(), use);
   auto& opt = t.optimizer();
   for (std::size_t i = 0; i < opt.parameters().size(); ++i) {
     const model::Parameter& p = *opt.parameters()[i];
@@ -42,25 +39,32 @@ checkpoint::State training_state(Trainer<Policy>& t, checkpoint::StateUse use) {
 }
 
 /// `state` with every routed-expert entry (a name holding ".mlp.experts.{e}.", its moments too)
-/// replaced by the same entry of every rank of the expert-parallel group `ep` (all-gathered,
-/// renamed to their global expert index; rank q holds experts [q n, (q + 1) n) for n =
-/// num_local_experts); the gathered tensors live in `storage`. Collective over `ep`.
+/// replaced, on rank 0 of the expert-parallel group `ep`, by the same entry of every rank of
+/// the group (received one tensor at a time, renamed to their global expert index; rank q
+/// holds experts [q n, (q + 1) n) for n = num_local_experts), kept in `storage`; the other
+/// ranks send theirs and get the state without experts (they write nothing). Collective
+/// over `ep`.
 template <comm::Communicator Comm>
 checkpoint::State with_all_experts(const checkpoint::State& state, Comm& ep, std::int64_t num_local_experts,
                                    std::deque<Tensor>& storage) {
+  if (ep.size() == 1) return state;
+  constexpr int tag = 7;  // expert tensors to the checkpoint writer
   checkpoint::State out;
   for (const auto& entry : state) {
     const auto g = ep::expert_index(entry.spec.name);
-    if (!g || ep.size() == 1) {
+    if (!g) {
       out.push_back(entry);
       continue;
     }
-    Tensor all({static_cast<std::int64_t>(ep.size()), entry.local->numel()});
-    ep.all_gather(std::span<const float>(entry.local->span()), all.span());
+    if (ep.rank() != 0) {
+      ep.send(std::span<const float>(entry.local->span()), 0, tag);
+      continue;
+    }
     const std::int64_t local = *g - num_local_experts * ep.rank();
-    for (int q = 0; q < ep.size(); ++q) {
+    out.push_back(entry);
+    for (int q = 1; q < ep.size(); ++q) {
       Tensor& t = storage.emplace_back(entry.local->shape());
-      std::copy_n(all.data() + q * t.numel(), t.numel(), t.data());
+      ep.recv(t.span(), q, tag);
       out.push_back({ep::with_expert_index(entry.spec, q * num_local_experts + local), &t});
     }
   }

@@ -245,12 +245,12 @@ class Trainer {
     return sums[0] / std::max(sums[1], 1.0);
   }
 
-  /// Every buffer of this rank (state saved but not trained by gradients: MoE expert biases),
-  /// in chunk order.
-  std::vector<model::Parameter*> buffers() {
+  /// What a checkpoint holds of this rank's model: every chunk's parameters and buffers (MoE
+  /// expert biases), chunk after chunk (PipelineStage::state_parameters).
+  std::vector<model::Parameter*> state_parameters() {
     std::vector<model::Parameter*> out;
     for (auto& s : stages_)
-      for (auto* p : s->buffers()) out.push_back(p);
+      for (auto* p : s->state_parameters()) out.push_back(p);
     return out;
   }
   /// This rank's MoE layers, chunk after chunk.
@@ -293,6 +293,14 @@ class Trainer {
 
   static std::vector<std::unique_ptr<Stage>> make_stages(const model::ModelConfig& config, const TrainConfig& tc,
                                                          DeviceMesh<Comm>& mesh) {
+    config.validate_expert_parallel(mesh.ep_size());
+    const ep::MoeOptions& moe = tc.moe;
+    DSP_CHECK_AS(ConfigError, !std::isnan(moe.capacity_factor) && !std::isinf(moe.capacity_factor),
+                 "--moe-expert-capacity-factor must be finite (<= 0: dropless), got ", moe.capacity_factor);
+    DSP_CHECK_AS(ConfigError, std::isfinite(moe.aux_loss_coeff) && moe.aux_loss_coeff >= 0.0f,
+                 "--moe-aux-loss-coeff must be finite and >= 0, got ", moe.aux_loss_coeff);
+    DSP_CHECK_AS(ConfigError, std::isfinite(tc.moe_router_bias_update_rate) && tc.moe_router_bias_update_rate >= 0.0f,
+                 "--moe-router-bias-update-rate must be finite and >= 0, got ", tc.moe_router_bias_update_rate);
     const int p = mesh.pp_size();
     const auto layers = tc.pipeline.stages(config.num_layers, p);
     std::vector<std::unique_ptr<Stage>> out;

@@ -1,6 +1,6 @@
 #pragma once
 // Host ops that move mixture-of-experts tokens: order the (token, slot) assignments by expert
-// (a stable counting sort; the CUDA backend does this with a CUB radix sort and scan), gather
+// (a stable counting sort; on a GPU this is a radix sort by expert id and a scan), gather
 // token rows into that order and scatter them back, combine expert outputs with the gate
 // weights, and regroup received rows between source-major and expert-major order.
 // An assignment a = token * top_k + slot indexes the router's [tokens, top_k] arrays.
