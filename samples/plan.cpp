@@ -1,0 +1,283 @@
+// dsp-plan: the memory ledger on the command line. From a model (Megatron flags, or a Hugging
+// Face config.json with --model-config), a layout, batch sizes, a precision, a ZeRO stage and
+// recomputation, it validates the plan (every broken rule with its numbers, exit code 1),
+// prints each rank's predicted training memory by category next to serving's, and with a
+// cluster (--gpus-per-node, --num-nodes, --gpu-memory) ranks layouts the way experienced
+// users choose them, each with its predicted memory and pipeline bubble.
+//
+//   dsp-plan --model-config samples/configs/plan_60layer.json --num-nodes 2 --gpus-per-node 8 --gpu-memory 80
+//   dsp-plan --model-config samples/configs/plan_64layer_7168.json --num-nodes 8 --global-batch-size 512
+//            --tensor-model-parallel-size 8 --pipeline-model-parallel-size 2 --recompute-granularity selective
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "cli.hpp"
+#include "dsp/plan/ledger.hpp"
+#include "dsp/plan/recommend.hpp"
+#include "dsp/plan/validate.hpp"
+
+namespace {
+
+struct Options {
+  std::string model_config;
+  dsp::model::ModelConfig model;
+  bool untie = false;
+  int tensor = 1, pipeline = 1, expert = 1, world_size = 0;
+  std::string precision = "bf16", recompute = "none", recompute_method = "uniform";
+  dsp::plan::TrainingPlan plan;
+  int serving_tensor = 0;
+  std::int64_t serving_batch = 1, serving_tokens = 0;
+  std::string serving_dtype;
+  dsp::plan::Cluster cluster;
+  double gpu_memory_gb = 80;
+  int num_recommendations = 5;
+};
+
+double gb(std::int64_t bytes) { return double(bytes) / 1e9; }
+
+std::string layout_str(const dsp::ParallelLayout& l) {
+  return "TP" + std::to_string(l.tensor) + " x PP" + std::to_string(l.pipeline) + " x DP" + std::to_string(l.data) +
+         (l.expert > 1 ? " (EP" + std::to_string(l.expert) + ")" : "");
+}
+
+std::string chunks_str(const std::vector<dsp::pp::StageLayers>& chunks) {
+  std::string s;
+  for (const auto& c : chunks) {
+    if (!s.empty()) s += ", ";
+    s += c.num_layers == 0 ? "no layers" : "layers " + std::to_string(c.first_layer) + "-" + std::to_string(c.first_layer + c.num_layers - 1);
+    if (c.pre_process) s += " + embedding";
+    if (c.post_process) s += " + output layer";
+  }
+  return s;
+}
+
+void print_model(const dsp::model::ModelConfig& c) {
+  std::printf("model: %lld layers, hidden %lld, %lld heads (%lld KV groups, head dim %lld), ffn %lld, vocab %lld, seq %lld",
+              (long long)c.num_layers, (long long)c.hidden_size, (long long)c.num_attention_heads,
+              (long long)c.num_query_groups, (long long)c.head_dim(), (long long)c.ffn_hidden_size,
+              (long long)c.vocab_size, (long long)c.seq_length);
+  if (c.is_moe())
+    std::printf(", %lld experts (top-%lld, ffn %lld, %lld shared, first %lld dense)", (long long)c.num_experts,
+                (long long)c.moe_router_topk, (long long)c.moe_ffn_hidden_size, (long long)c.num_shared_experts,
+                (long long)c.first_k_dense_replace);
+  const auto n = c.num_parameters();
+  std::printf("\n       %.2f B parameters = %.1f GB in bf16, %.1f GB in fp32\n", double(n) / 1e9, gb(2 * n), gb(4 * n));
+}
+
+void print_ledgers(const dsp::plan::TrainingPlan& plan, const dsp::plan::TrainingPrediction& t,
+                   const dsp::plan::ServingPlan& sp, const dsp::plan::MemoryLedger& s, std::int64_t gpu_memory) {
+  const auto& L = plan.layout;
+  std::printf("layout: %s = %d ranks; %s schedule", layout_str(L).c_str(), L.world_size(), t.schedule.c_str());
+  if (t.virtual_size > 1) std::printf(" (%d model chunks per rank)", t.virtual_size);
+  std::printf(", %d micro-batches of %lld x %lld tokens per step (global batch %lld = %lld x DP%d x %d accumulation)\n",
+              t.micro_batches, (long long)plan.micro_batch_size, (long long)plan.model.seq_length,
+              (long long)plan.global_batch_size, (long long)plan.micro_batch_size, L.data,
+              t.micro_batches);
+  std::printf("training: %s, ZeRO stage %d, recompute %s; bubble (p-1)/(v m+p-1) = %.1f %%\n",
+              dsp::plan::to_string(plan.precision).c_str(), plan.zero_stage,
+              dsp::plan::to_string(plan.recompute.granularity).c_str(), 100.0 * t.bubble);
+  for (const auto& r : t.ranks)
+    if (L.pipeline > 1 && (r.pipeline_rank == 0 || r.pipeline_rank == L.pipeline - 1))
+      std::printf("  PP rank %d: %s; %.2f B parameters per rank; in flight: %d micro-batch(es)\n", r.pipeline_rank,
+                  chunks_str(r.chunks).c_str(), double(r.elements.total()) / 1e9, r.in_flight);
+  std::printf("serving: TP%d on one stage, batch %lld x %lld tokens, %s weights and KV cache\n\n", sp.tensor,
+              (long long)sp.batch, (long long)sp.tokens(), sp.dtype_bytes == 2 ? "16-bit" : "fp32");
+
+  // Columns: the worst training rank, the other pipeline end when it differs, serving.
+  std::vector<std::pair<std::string, dsp::plan::MemoryLedger>> cols;
+  const int worst = t.worst;
+  cols.emplace_back("train PP rank " + std::to_string(worst) + (L.pipeline > 1 ? " (worst)" : ""), t.worst_rank().bytes);
+  const int other = worst == 0 ? L.pipeline - 1 : 0;
+  if (other != worst) cols.emplace_back("train PP rank " + std::to_string(other), t.ranks[std::size_t(other)].bytes);
+  cols.emplace_back("serve TP" + std::to_string(sp.tensor), s);
+  std::printf("per-rank memory, GB (1e9 B)  ");
+  for (const auto& [name, _] : cols) std::printf("%24s", name.c_str());
+  std::printf("\n");
+  auto row = [&](const char* label, auto field, bool serving_too) {
+    std::printf("  %-27s", label);
+    for (std::size_t i = 0; i < cols.size(); ++i) {
+      const bool is_serving = i + 1 == cols.size();
+      if (is_serving && !serving_too) std::printf("%24s", "-");
+      else std::printf("%24.2f", gb(field(cols[i].second)));
+    }
+    std::printf("\n");
+  };
+  using M = dsp::plan::MemoryLedger;
+  row("parameters", [](const M& m) { return m.parameters; }, true);
+  row("gradients", [](const M& m) { return m.gradients; }, false);
+  row("optimizer state", [](const M& m) { return m.optimizer_state; }, false);
+  row("activations | KV cache", [](const M& m) { return m.activations; }, true);
+  row("communication", [](const M& m) { return m.communication; }, false);
+  row("workspace", [](const M& m) { return m.workspace; }, true);
+  row("total", [](const M& m) { return m.total(); }, true);
+  if (gpu_memory > 0) {
+    std::printf("  %-27s", "fits in the GPU memory");
+    for (const auto& [_, m] : cols) std::printf("%24s", m.total() <= gpu_memory ? "yes" : "NO");
+    std::printf("\n");
+  }
+
+  const auto& c = plan.model;
+  const dsp::plan::MicroBatch mb = plan.micro_batch();
+  const std::int64_t first_layer = t.worst_rank().chunks.front().first_layer;
+  auto dsp_layer = [&](dsp::plan::RecomputeGranularity g) {
+    return gb(dsp::plan::dsp_layer_activation_bytes(c, L.tensor, L.expert, first_layer, mb,
+                                                    dsp::plan::activation_bytes(plan.precision), g));
+  };
+  auto field = [&](dsp::plan::RecomputeGranularity g) {
+    return dsp::plan::korthikanti_layer_bytes(mb.seq, mb.batch, c.hidden_size, c.num_attention_heads, L.tensor, g) / 1e9;
+  };
+  using G = dsp::plan::RecomputeGranularity;
+  std::printf("\nactivations of one layer and micro-batch, GB, none / selective / full recomputation:\n"
+              "  dsp (its layers' saved state)                          %.3f / %.3f / %.3f\n"
+              "  Korthikanti et al. 2022 eq. 2 (16-bit, TP%d, no SP)     %.3f / %.3f / %.3f\n",
+              dsp_layer(G::None), dsp_layer(G::Selective), dsp_layer(G::Full), L.tensor, field(G::None),
+              field(G::Selective), field(G::Full));
+}
+
+void print_recommendations(const std::vector<dsp::plan::Recommendation>& recs, const dsp::plan::Cluster& cl, int limit) {
+  std::printf("\nrecommended layouts for %d node(s) x %d GPUs x %.0f GB (TP inside a node dividing the heads, then the "
+              "smallest PP that fits, then DP):\n", cl.num_nodes, cl.gpus_per_node, gb(cl.gpu_memory_bytes));
+  if (recs.empty()) {
+    std::printf("  none: no layout of this cluster validates for this model and batch\n");
+    return;
+  }
+  std::printf("  %-3s %-22s %10s %14s %12s %10s %6s\n", "#", "layout", "recompute", "micro-batches", "worst GB",
+              "bubble", "fits");
+  int shown = 0;
+  for (const auto& r : recs) {
+    if (shown++ == limit) break;
+    std::printf("  %-3d %-22s %10s %14d %12.2f %9.1f%% %6s\n", shown, layout_str(r.plan.layout).c_str(),
+                dsp::plan::to_string(r.plan.recompute.granularity).c_str(), r.prediction.micro_batches,
+                gb(r.peak_bytes()), 100.0 * r.prediction.bubble, r.fits ? "yes" : "NO");
+  }
+  if (!recs.front().fits) std::printf("  no layout fits, even with full recomputation: try --zero-stage 1-3\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"dsp-plan: per-rank training and serving memory, validation and layout recommendations"};
+  Options o;
+  app.add_option("--model-config", o.model_config, "Hugging Face config.json of the model (flags below override it)");
+  app.add_option("--num-layers", o.model.num_layers, "decoder layers");
+  app.add_option("--hidden-size", o.model.hidden_size, "hidden size");
+  app.add_option("--num-attention-heads", o.model.num_attention_heads, "attention heads");
+  app.add_option("--num-query-groups", o.model.num_query_groups, "key/value heads (GQA); default = heads");
+  app.add_option("--ffn-hidden-size", o.model.ffn_hidden_size, "SwiGLU intermediate size");
+  app.add_option("--vocab-size", o.model.vocab_size, "vocabulary");
+  app.add_option("--seq-length", o.model.seq_length, "tokens per sequence");
+  app.add_flag("--untie-embeddings-and-output-weights", o.untie, "separate output layer (default with flags: tied)");
+  app.add_option("--num-experts", o.model.num_experts, "routed experts per MoE layer (0: dense)");
+  app.add_option("--moe-router-topk", o.model.moe_router_topk, "experts per token");
+  app.add_option("--moe-ffn-hidden-size", o.model.moe_ffn_hidden_size, "intermediate size of each expert");
+  app.add_option("--num-shared-experts", o.model.num_shared_experts, "shared experts (each moe-ffn-hidden-size wide)");
+  app.add_option("--first-k-dense-replace", o.model.first_k_dense_replace, "leading dense layers of an MoE model");
+  app.add_option("--tensor-model-parallel-size", o.tensor, "tensor-parallel size");
+  app.add_option("--pipeline-model-parallel-size", o.pipeline, "pipeline stages");
+  app.add_option("--expert-model-parallel-size", o.expert, "expert-parallel size (divides DP)");
+  app.add_option("--world-size", o.world_size, "ranks (default: the cluster's GPUs, else TP x PP); DP = world / (TP x PP)");
+  app.add_option("--pipeline-schedule", o.plan.pipeline.schedule, "gpipe, 1f1b or interleaved")
+      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved"}));
+  app.add_option("--num-layers-per-virtual-pipeline-stage", o.plan.pipeline.num_layers_per_virtual_stage,
+                 "layers per model chunk (interleaved schedule)");
+  app.add_option("--pipeline-layer-split", o.plan.pipeline.layer_split, "explicit layers per (virtual) stage, e.g. 16,15,15,14")
+      ->delimiter(',');
+  app.add_option("--micro-batch-size", o.plan.micro_batch_size, "sequences per micro-batch");
+  app.add_option("--global-batch-size", o.plan.global_batch_size, "sequences per step (default: micro-batch-size x world size)");
+  app.add_option("--precision", o.precision, "fp32 (what dsp-train runs today), bf16 or fp16 mixed precision")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  app.add_option("--zero-stage", o.plan.zero_stage, "ZeRO stage 0-3 (optimizer state, + gradients, + parameters sharded over DP)")
+      ->check(CLI::Range(0, 3));
+  app.add_option("--recompute-granularity", o.recompute, "none, selective (attention core) or full (layer inputs only)")
+      ->check(CLI::IsMember({"none", "selective", "full"}));
+  app.add_option("--recompute-method", o.recompute_method, "full recomputation: uniform or block")
+      ->check(CLI::IsMember({"uniform", "block"}));
+  app.add_option("--recompute-num-layers", o.plan.recompute.num_layers, "full recomputation: layers per group (uniform) or checkpointed layers per stage (block)");
+  app.add_option("--ddp-bucket-size", o.plan.ddp_bucket_size, "gradient bucket bytes");
+  app.add_option("--serving-tensor-model-parallel-size", o.serving_tensor, "serving TP (default: the training TP)");
+  app.add_option("--serving-batch-size", o.serving_batch, "sequences served at once");
+  app.add_option("--serving-max-tokens", o.serving_tokens, "tokens per sequence, prompt + generated (default: seq length)");
+  app.add_option("--serving-dtype", o.serving_dtype, "fp32 or bf16 weights and KV cache (default: bf16, fp32 with --precision fp32)")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
+  app.add_option("--gpus-per-node", o.cluster.gpus_per_node, "GPUs per node");
+  app.add_option("--num-nodes", o.cluster.num_nodes, "nodes");
+  app.add_option("--gpu-memory", o.gpu_memory_gb, "memory per GPU, GB (1e9 bytes)");
+  app.add_option("--num-recommendations", o.num_recommendations, "layouts to list");
+
+  return samples::run_main(app, argc, argv, [&] {
+    namespace plan = dsp::plan;
+    // The model: the config file, then the flags given explicitly.
+    dsp::model::ModelConfig m = o.model;
+    const bool given_kv = app.count("--num-query-groups") > 0;
+    if (!o.model_config.empty()) {
+      std::ifstream in(o.model_config);
+      DSP_CHECK_AS(dsp::InputError, in.good(), "model config '", o.model_config, "' cannot be opened");
+      nlohmann::json j;
+      try {
+        in >> j;
+      } catch (const nlohmann::json::exception& e) {
+        throw dsp::InputError(dsp::detail::concat("model config '", o.model_config, "' is not valid JSON: ", e.what()));
+      }
+      m = dsp::model::ModelConfig::from_hf_json(j);
+      auto take = [&](const char* flag, std::int64_t& field, std::int64_t value) {
+        if (app.count(flag) > 0) field = value;
+      };
+      take("--num-layers", m.num_layers, o.model.num_layers);
+      take("--hidden-size", m.hidden_size, o.model.hidden_size);
+      take("--num-attention-heads", m.num_attention_heads, o.model.num_attention_heads);
+      take("--num-query-groups", m.num_query_groups, o.model.num_query_groups);
+      take("--ffn-hidden-size", m.ffn_hidden_size, o.model.ffn_hidden_size);
+      take("--vocab-size", m.vocab_size, o.model.vocab_size);
+      take("--seq-length", m.seq_length, o.model.seq_length);
+      take("--num-experts", m.num_experts, o.model.num_experts);
+      take("--moe-router-topk", m.moe_router_topk, o.model.moe_router_topk);
+      take("--moe-ffn-hidden-size", m.moe_ffn_hidden_size, o.model.moe_ffn_hidden_size);
+      take("--num-shared-experts", m.num_shared_experts, o.model.num_shared_experts);
+      take("--first-k-dense-replace", m.first_k_dense_replace, o.model.first_k_dense_replace);
+      if (o.untie) m.tie_word_embeddings = false;
+    } else {
+      m.tie_word_embeddings = !o.untie;  // dsp-train's default: tied
+      if (!given_kv) m.num_query_groups = m.num_attention_heads;
+      if (m.is_moe() && app.count("--moe-ffn-hidden-size") == 0) m.moe_ffn_hidden_size = m.ffn_hidden_size;
+    }
+    print_model(m);
+
+    plan::TrainingPlan base = o.plan;
+    base.model = m;
+    base.precision = plan::precision_from_name(o.precision);
+    base.recompute.granularity = plan::recompute_granularity_from_name(o.recompute);
+    base.recompute.method = o.recompute_method == "block" ? plan::RecomputeMethod::Block : plan::RecomputeMethod::Uniform;
+    const bool cluster_given = app.count("--gpus-per-node") + app.count("--num-nodes") + app.count("--gpu-memory") > 0;
+    o.cluster.gpu_memory_bytes = static_cast<std::int64_t>(o.gpu_memory_gb * 1e9);
+    const bool layout_given = app.count("--tensor-model-parallel-size") + app.count("--pipeline-model-parallel-size") > 0;
+    const int world = o.world_size > 0 ? o.world_size
+                      : cluster_given  ? o.cluster.world_size()
+                                       : o.tensor * o.pipeline * o.expert;
+    if (app.count("--global-batch-size") == 0) base.global_batch_size = base.micro_batch_size * world;
+    base.layout = {.tensor = o.tensor, .pipeline = o.pipeline, .data = std::max(1, world / std::max(1, o.tensor * o.pipeline)),
+                   .expert = o.expert};
+
+    std::vector<plan::Recommendation> recs;
+    if (cluster_given) recs = plan::recommend(base, o.cluster);
+    plan::TrainingPlan chosen = base;
+    if (!layout_given && cluster_given) {
+      DSP_CHECK_AS(dsp::ConfigError, !recs.empty(), "no layout of ", o.cluster.num_nodes, " node(s) x ",
+                   o.cluster.gpus_per_node, " GPUs validates for this model with global batch ",
+                   base.global_batch_size, " and micro-batch ", base.micro_batch_size);
+      chosen = recs.front().plan;
+      std::printf("layout: none given; using the first recommendation\n");
+    }
+    plan::validate(chosen, world);  // every broken rule, with its numbers; exit code 1
+
+    plan::ServingPlan sp{m, o.serving_tensor > 0 ? o.serving_tensor : chosen.layout.tensor, o.serving_batch,
+                         o.serving_tokens, 0};
+    const std::string sdtype = o.serving_dtype.empty() ? (base.precision == plan::Precision::Fp32 ? "fp32" : "bf16")
+                                                       : o.serving_dtype;
+    sp.dtype_bytes = sdtype == "fp32" ? 4 : 2;
+    m.validate(sp.tensor);
+    print_ledgers(chosen, plan::predict_training(chosen), sp, plan::predict_serving(sp),
+                  cluster_given ? o.cluster.gpu_memory_bytes : 0);
+    if (cluster_given) print_recommendations(recs, o.cluster, o.num_recommendations);
+  });
+}

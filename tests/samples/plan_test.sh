@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# dsp-plan end to end on the two worked examples and the three classic mistakes:
+#  - a 60-layer model of ~128 GB bf16 weights on 2 nodes x 8 GPUs x 80 GB: per-rank training and
+#    serving memory, a layout (TP8 x PP2, full recomputation) and ranked recommendations;
+#  - a 64-layer model (hidden 7168, 56 heads) on 8 nodes x 8 GPUs, global batch 512: TP8 x PP2 x DP4;
+#  - TP 16 with 56 heads, PP 8 with 60 layers and no split, global batch 512 with micro 3 x DP 4:
+#    each rejected with its numbers on stderr and a non-zero exit.
+# Usage: plan_test.sh BIN_DIR CONFIG_DIR
+set -uo pipefail
+bin=$1
+configs=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+passed=0
+failed=0
+ok() { passed=$((passed + 1)); }
+fail() { failed=$((failed + 1)); echo "FAILED: $*"; }
+
+# expect_ok NAME TEXT... -- command...: exit 0 and stdout holds every TEXT
+expect_ok() {
+  local name=$1
+  shift
+  local texts=()
+  while [ "$1" != "--" ]; do texts+=("$1"); shift; done
+  shift
+  if ! "$@" >"$work/out" 2>"$work/err"; then fail "$name: exit code $?: $(cat "$work/err")"; return; fi
+  for t in "${texts[@]}"; do
+    grep -qF -- "$t" "$work/out" || { fail "$name: stdout lacks '$t'"; cat "$work/out"; return; }
+  done
+  ok
+}
+# expect_fail NAME TEXT -- command...: non-zero exit and stderr holds TEXT
+expect_fail() {
+  local name=$1 text=$2
+  shift 3
+  "$@" >"$work/out" 2>"$work/err"
+  local rc=$?
+  if [ "$rc" -eq 0 ]; then fail "$name: exit code 0"; return; fi
+  grep -qF -- "$text" "$work/err" || { fail "$name: stderr lacks '$text': $(cat "$work/err")"; return; }
+  ok
+}
+
+a=(--model-config "$configs/plan_60layer.json")
+b=(--model-config "$configs/plan_64layer_7168.json")
+
+expect_ok "60-layer example" "63.94 B parameters = 127.9 GB in bf16" "layout: TP8 x PP2 x DP1 = 16 ranks" \
+  "recompute full" "optimizer state" "activations | KV cache" "serve TP8" "fits in the GPU memory" \
+  "1   TP8 x PP2 x DP1              full" -- \
+  "$bin/dsp-plan" "${a[@]}" --num-nodes 2 --gpus-per-node 8 --gpu-memory 80
+grep -E '^  total' "$work/out" | grep -qE ' 69\.[0-9]{2} ' || fail "60-layer example: worst-rank total is not ~69 GB"
+
+expect_ok "64-layer example" "36.16 B parameters" "layout: TP8 x PP2 x DP4 = 64 ranks" \
+  "128 micro-batches of 1 x 4096 tokens per step (global batch 512 = 1 x DP4 x 128 accumulation)" \
+  "1   TP8 x PP2 x DP4              none" -- \
+  "$bin/dsp-plan" "${b[@]}" --num-nodes 8 --gpus-per-node 8 --global-batch-size 512
+
+expect_ok "64-layer example, layout given" "layout: TP8 x PP2 x DP4 = 64 ranks" "bubble (p-1)/(v m+p-1) = 0.8 %" -- \
+  "$bin/dsp-plan" "${b[@]}" --world-size 64 --global-batch-size 512 --tensor-model-parallel-size 8 \
+  --pipeline-model-parallel-size 2
+
+expect_ok "explicit layer split" "PP rank 0: layers 0-7 + embedding" "PP rank 7: layers 53-59 + output layer" -- \
+  "$bin/dsp-plan" "${a[@]}" --num-nodes 2 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 8 \
+  --pipeline-layer-split 8,8,8,8,7,7,7,7
+
+expect_fail "TP does not divide the heads" \
+  "number of attention heads (56) is not divisible by tensor-model-parallel-size (16)" -- \
+  "$bin/dsp-plan" "${b[@]}" --num-nodes 8 --global-batch-size 512 --tensor-model-parallel-size 16 \
+  --pipeline-model-parallel-size 2
+expect_fail "PP does not divide the layers" \
+  "number of layers (60) is not divisible by pipeline-model-parallel-size (8): give --pipeline-layer-split" -- \
+  "$bin/dsp-plan" "${a[@]}" --num-nodes 2 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 8
+expect_fail "global batch is not micro x DP x accumulation" \
+  "global batch size (512) is not micro-batch-size x data-parallel size x accumulation steps: it is not divisible by 3 x 4 = 12" -- \
+  "$bin/dsp-plan" "${b[@]}" --num-nodes 8 --global-batch-size 512 --micro-batch-size 3 \
+  --tensor-model-parallel-size 8 --pipeline-model-parallel-size 2
+expect_fail "missing model config" "cannot be opened" -- "$bin/dsp-plan" --model-config "$work/none.json"
+
+echo "plan_test: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
