@@ -41,6 +41,8 @@ struct Options {
   bool print_schedule = false;
   std::int64_t shared_expert_intermediate_size = 0;
   std::string router_score_function = "softmax", token_drop_policy = "probs";
+  std::string recompute_granularity = "none", recompute_method = "uniform";
+  std::int64_t recompute_num_layers = 1;
   dsp::model::ModelConfig model;
   bool untie = false;
   dsp::train::TrainConfig train;
@@ -97,6 +99,13 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--moe-expert-capacity-factor", o.train.moe.capacity_factor, "expert capacity factor (default: dropless)");
   app.add_option("--moe-token-drop-policy", o.token_drop_policy, "over capacity keep the highest gate weights (probs) or the earliest tokens (position)")
       ->check(CLI::IsMember({"probs", "position"}));
+  app.add_option("--recompute-granularity", o.recompute_granularity,
+                 "activation recomputation: none, selective (attention core and MLP activation) or full (whole layers)")
+      ->check(CLI::IsMember({"none", "selective", "full"}));
+  app.add_option("--recompute-method", o.recompute_method,
+                 "full recomputation: uniform (groups of --recompute-num-layers) or block (the first --recompute-num-layers layers of each stage)")
+      ->check(CLI::IsMember({"uniform", "block"}));
+  app.add_option("--recompute-num-layers", o.recompute_num_layers, "layers per recompute group (uniform) or recomputed per stage (block)");
   app.add_option("--micro-batch-size", o.train.micro_batch_size, "sequences per micro-batch per DP rank");
   app.add_option("--global-batch-size", o.train.global_batch_size, "sequences per optimizer step");
   app.add_option("--train-iters", o.train.train_iters, "optimizer steps");
@@ -293,6 +302,8 @@ int main(int argc, char** argv) {
                                "--moe-token-drop-policy"})
         DSP_CHECK_AS(dsp::ConfigError, app.count(flag) == 0, flag, " needs an MoE model (--num-experts > 0)");
     if (o.model.moe_ffn_hidden_size == 0) o.model.moe_ffn_hidden_size = o.model.ffn_hidden_size;
+    o.train.recompute =
+        dsp::model::RecomputeConfig::from_names(o.recompute_granularity, o.recompute_method, o.recompute_num_layers);
     if (app.count("--moe-shared-expert-intermediate-size") > 0) {
       DSP_CHECK_AS(dsp::ConfigError, app.count("--num-shared-experts") == 0,
                    "give --moe-shared-expert-intermediate-size or --num-shared-experts, not both");

@@ -49,9 +49,10 @@ class GroupedExperts {
   std::int64_t num_experts() const { return static_cast<std::int64_t>(gate_up_.size()); }
 
   /// x [sum rows, hidden], expert e on the rows[e] rows after those of experts < e ->
-  /// [sum rows, hidden], this TP rank's partial output. saved may be null (inference).
-  /// Throws Error when rows does not match the experts or x.
-  Tensor forward(const Tensor& x, const std::vector<std::int64_t>& rows, Saved* saved) const {
+  /// [sum rows, hidden], this TP rank's partial output. saved may be null (inference); it
+  /// keeps x, gate_up and, unless keep_act is false (selective recomputation), the SwiGLU
+  /// activation. Throws Error when rows does not match the experts or x.
+  Tensor forward(const Tensor& x, const std::vector<std::int64_t>& rows, Saved* saved, bool keep_act = true) const {
     check(x, rows);
     const std::int64_t n = x.dim(0), f = ffn_local_;
     Tensor gu({n, 2 * f}), act({n, f}), y({n, hidden_});
@@ -64,7 +65,7 @@ class GroupedExperts {
       linear_forward(Backend{}, act.data() + r0 * f, down_[e]->value.data(), y.data() + r0 * hidden_, rows[e], f,
                      hidden_);
     }
-    if (saved) *saved = {x, std::move(gu), std::move(act), rows};
+    if (saved) *saved = {x, std::move(gu), keep_act ? std::move(act) : Tensor{}, rows};
     return y;
   }
 
@@ -72,12 +73,18 @@ class GroupedExperts {
   /// rows, hidden], this TP rank's partial input gradient; accumulates the weight gradients.
   Tensor backward(const Tensor& dy, const Saved& s) {
     const std::int64_t n = dy.dim(0), f = ffn_local_;
+    Tensor recomputed;  // the activation when the forward did not keep it
+    if (s.act.numel() == 0 && n > 0) {
+      recomputed = Tensor({n, f});
+      swiglu_forward(Backend{}, s.gate_up.data(), n, f, recomputed.data());
+    }
+    const Tensor& act = s.act.numel() > 0 ? s.act : recomputed;
     Tensor dact({n, f}), dgu({n, 2 * f}), dx({n, hidden_});
     std::int64_t r0 = 0;
     for (std::size_t e = 0; e < s.rows.size(); r0 += s.rows[e], ++e) {
       const std::int64_t m = s.rows[e];
       if (m == 0) continue;
-      linear_backward_weight(Backend{}, dy.data() + r0 * hidden_, s.act.data() + r0 * f, down_[e]->grad.data(), m, f,
+      linear_backward_weight(Backend{}, dy.data() + r0 * hidden_, act.data() + r0 * f, down_[e]->grad.data(), m, f,
                              hidden_);
       linear_backward_input(Backend{}, dy.data() + r0 * hidden_, down_[e]->value.data(), dact.data() + r0 * f, m, f,
                             hidden_);

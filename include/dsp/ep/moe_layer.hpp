@@ -115,8 +115,9 @@ class MoELayer {
     stats_.tokens_per_expert.assign(static_cast<std::size_t>(c.num_experts), 0);
   }
 
-  /// x [tokens, hidden] (the same on every TP rank) -> [tokens, hidden]. In training (saved
-  /// set) applies ctx.moe's capacity and records the load, drops and aux loss in stats().
+  /// x [tokens, hidden] (the same on every TP rank) -> [tokens, hidden]. In training
+  /// (ctx.training) applies ctx.moe's capacity and, unless ctx.recomputing, records the load,
+  /// drops and aux loss in stats(). saved (may be null) keeps what backward needs.
   /// Collective over the EP group, then the TP group.
   Tensor forward(const model::ForwardContext& ctx, const Tensor& x, Saved* saved) {
     const std::int64_t n = x.dim(0), e = router_config_.num_experts;
@@ -124,24 +125,29 @@ class MoELayer {
     linear_forward(Backend{}, x.data(), router_.value.data(), logits.data(), n, hidden_, e);
     Routing r = route<Backend>(router_config_, logits.span(), bias_ ? std::span<const float>(bias_->value.span())
                                                                      : std::span<const float>{});
-    if (saved) {
-      const auto load = expert_load<Backend>(r);
-      for (std::size_t i = 0; i < load.size(); ++i) stats_.tokens_per_expert[i] += load[i];
-      if (ctx.moe.aux_loss_coeff > 0.0f)
-        stats_.aux_loss += double(sequence_aux_loss<Backend>(r, ctx.seq, ctx.moe.aux_loss_coeff)) * ctx.moe.aux_loss_scale;
-      if (ctx.moe.capacity_factor > 0.0f)
-        stats_.dropped += apply_capacity<Backend>(
-                              r, expert_capacity(ctx.moe.capacity_factor, n, r.top_k, e), ctx.moe.drop_policy)
-                              .dropped;
+    if (ctx.training) {  // a re-run for recomputation applies the capacity again but counts nothing
+      if (!ctx.recomputing) {
+        const auto load = expert_load<Backend>(r);
+        for (std::size_t i = 0; i < load.size(); ++i) stats_.tokens_per_expert[i] += load[i];
+        if (ctx.moe.aux_loss_coeff > 0.0f)
+          stats_.aux_loss +=
+              double(sequence_aux_loss<Backend>(r, ctx.seq, ctx.moe.aux_loss_coeff)) * ctx.moe.aux_loss_scale;
+      }
+      if (ctx.moe.capacity_factor > 0.0f) {
+        const auto dropped =
+            apply_capacity<Backend>(r, expert_capacity(ctx.moe.capacity_factor, n, r.top_k, e), ctx.moe.drop_policy);
+        if (!ctx.recomputing) stats_.dropped += dropped.dropped;
+      }
     }
     DispatchPlan plan = dispatcher_.plan(r);
     const Tensor local = dispatcher_.dispatch(plan, dispatcher_.permute(plan, x));
+    const bool keep_act = !ctx.recompute.selective();
     Tensor back = dispatcher_.undispatch(plan, routed_.forward(local, plan.rows_per_local_expert,
-                                                               saved ? &saved->routed : nullptr));
+                                                               saved ? &saved->routed : nullptr, keep_act));
     Tensor y = dispatcher_.combine(plan, r, back);
     if (shared_) {
       if (saved) saved->shared.emplace();
-      const Tensor s = shared_->forward(x, {n}, saved ? &*saved->shared : nullptr);
+      const Tensor s = shared_->forward(x, {n}, saved ? &*saved->shared : nullptr, keep_act);
       add(Backend{}, s.numel(), s.data(), y.data());
     }
     if (tp_->size() > 1) tp_->all_reduce(y.span());

@@ -48,6 +48,8 @@ class Attention {
 
   /// x [tokens, hidden] -> [tokens, hidden]. With ctx.cache, this call's keys/values are
   /// written at their positions and attention reads the whole cache (masked by position).
+  /// saved keeps what backward needs: q, k, v, the context and (unless selective
+  /// recomputation) the softmax probabilities [batch, heads/tp, seq, seq].
   Tensor forward(const ForwardContext& ctx, const Tensor& x, Saved* saved) {
     const std::int64_t n = ctx.tokens(), qw = heads_ * d_, kw = kv_heads_ * d_;
     const Tensor qkv = qkv_.forward(x);
@@ -71,10 +73,10 @@ class Attention {
       }
       attention_forward(Backend{}, q.data(), kc.data(), vc.data(), ctx.positions.data(), ctx.batch, ctx.seq, cap,
                         heads_, kv_heads_, d_, context.data(), nullptr);
-    } else {
-      if (saved) probs = Tensor({ctx.batch, heads_, ctx.seq, ctx.seq});
+    } else {  // selective recomputation: the probabilities are recomputed in backward
+      if (saved && !ctx.recompute.selective()) probs = Tensor({ctx.batch, heads_, ctx.seq, ctx.seq});
       attention_forward(Backend{}, q.data(), k.data(), v.data(), ctx.positions.data(), ctx.batch, ctx.seq, ctx.seq,
-                        heads_, kv_heads_, d_, context.data(), saved ? probs.data() : nullptr);
+                        heads_, kv_heads_, d_, context.data(), probs.numel() > 0 ? probs.data() : nullptr);
     }
     Tensor y = o_.forward(context);
     if (saved) *saved = {x, std::move(q), std::move(k), std::move(v), std::move(probs), std::move(context)};
@@ -85,8 +87,16 @@ class Attention {
   Tensor backward(const ForwardContext& ctx, const Tensor& dy, const Saved& s) {
     const std::int64_t n = ctx.tokens(), qw = heads_ * d_, kw = kv_heads_ * d_;
     const Tensor dcontext = o_.backward(s.context, dy);
+    Tensor recomputed;  // the softmax probabilities when the forward did not keep them
+    if (s.probs.numel() == 0) {
+      recomputed = Tensor({ctx.batch, heads_, ctx.seq, ctx.seq});
+      Tensor context({n, qw});
+      attention_forward(Backend{}, s.q.data(), s.k.data(), s.v.data(), ctx.positions.data(), ctx.batch, ctx.seq,
+                        ctx.seq, heads_, kv_heads_, d_, context.data(), recomputed.data());
+    }
+    const Tensor& probs = s.probs.numel() > 0 ? s.probs : recomputed;
     Tensor dq({n, qw}), dk({n, kw}), dv({n, kw});
-    attention_backward(Backend{}, s.q.data(), s.k.data(), s.v.data(), s.probs.data(), dcontext.data(), ctx.batch,
+    attention_backward(Backend{}, s.q.data(), s.k.data(), s.v.data(), probs.data(), dcontext.data(), ctx.batch,
                        ctx.seq, ctx.seq, heads_, kv_heads_, d_, dq.data(), dk.data(), dv.data());
     rope_backward(Backend{}, dq.data(), ctx.positions.data(), n, heads_, d_, theta_, dq.data());
     rope_backward(Backend{}, dk.data(), ctx.positions.data(), n, kv_heads_, d_, theta_, dk.data());

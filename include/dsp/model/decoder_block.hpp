@@ -48,7 +48,7 @@ class DecoderBlock {
     add(Backend{}, x.numel(), x.data(), h.data());
     const Tensor normed = norm2_.forward(h, saved ? &saved->norm2 : nullptr);
     Tensor out = moe_ ? moe_->forward(ctx, normed, saved ? &saved->moe : nullptr)
-                      : mlp_->forward(normed, saved ? &saved->mlp : nullptr);
+                      : mlp_->forward(normed, saved ? &saved->mlp : nullptr, !ctx.recompute.selective());
     add(Backend{}, h.numel(), h.data(), out.data());
     return out;
   }

@@ -31,19 +31,25 @@ class MLP {
         down_(tp, ShardedTensor::split(prefix + ".down_proj.weight", {c.hidden_size, c.ffn_hidden_size}, 1),
               {Init::Normal, Attention<Policy>::scaled_std(c)}, seed) {}
 
-  /// x [tokens, hidden] -> [tokens, hidden].
-  Tensor forward(const Tensor& x, Saved* saved) {
+  /// x [tokens, hidden] -> [tokens, hidden]. saved keeps x, gate_up and (unless keep_act is
+  /// false: selective recomputation) the SwiGLU activation.
+  Tensor forward(const Tensor& x, Saved* saved, bool keep_act = true) {
     Tensor gu = gate_up_.forward(x);
     const std::int64_t n = x.dim(0), f = gu.dim(1) / 2;
     Tensor act({n, f});
     swiglu_forward(Backend{}, gu.data(), n, f, act.data());
     Tensor y = down_.forward(act);
-    if (saved) *saved = {x, std::move(gu), std::move(act)};
+    if (saved) *saved = {x, std::move(gu), keep_act ? std::move(act) : Tensor{}};
     return y;
   }
   /// dy [tokens, hidden] -> dx [tokens, hidden] (summed over TP); accumulates weight grads.
   Tensor backward(const Tensor& dy, const Saved& s) {
-    const Tensor dact = down_.backward(s.act, dy);
+    Tensor recomputed;  // the activation when the forward did not keep it
+    if (s.act.numel() == 0) {
+      recomputed = Tensor({s.gate_up.dim(0), s.gate_up.dim(1) / 2});
+      swiglu_forward(Backend{}, s.gate_up.data(), recomputed.dim(0), recomputed.dim(1), recomputed.data());
+    }
+    const Tensor dact = down_.backward(s.act.numel() > 0 ? s.act : recomputed, dy);
     Tensor dgu(s.gate_up.shape());
     swiglu_backward(Backend{}, s.gate_up.data(), dact.data(), dact.dim(0), dact.dim(1), dgu.data());
     return gate_up_.backward(s.x, dgu);

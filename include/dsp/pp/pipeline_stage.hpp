@@ -37,6 +37,8 @@ class PipelineStage {
     model::ForwardContext ctx;
     std::vector<std::int32_t> ids, targets;
     std::vector<typename model::DecoderBlock<Policy>::Saved> blocks;
+    /// Full recomputation: the kept input of each recompute group, at its first local layer.
+    std::vector<Tensor> group_inputs;
     typename model::RMSNorm<Policy>::Saved final_norm;
     Tensor normed, logits;
     typename tp::VocabParallelCrossEntropy<Policy>::Saved loss;
@@ -127,7 +129,9 @@ class PipelineStage {
       ready(final_norm_->weight());
     }
     for (std::size_t l = blocks_.size(); l-- > 0;) {
+      recompute_group_ending_at(l, act);
       dx = blocks_[l]->backward(act.ctx, dx, act.blocks[l]);
+      act.blocks[l] = {};  // this layer's activations are spent
       if (!on_grad_ready) continue;
       if (kv_replicas_) kv_replicas_->all_reduce(blocks_[l]->replicated_kv_grad());
       for (auto* p : blocks_[l]->parameters()) ready(*p);
@@ -220,13 +224,35 @@ class PipelineStage {
     if (embed_) x = embed_->forward(ids);
     DSP_CHECK(x.rank() == 2 && x.dim(0) == ctx.tokens() && x.dim(1) == config_.hidden_size, "pipeline stage input ",
               shape_str(x.shape()), " is not [", ctx.tokens(), ", ", config_.hidden_size, "]");
-    if (act) act->blocks.resize(blocks_.size());
-    for (std::size_t l = 0; l < blocks_.size(); ++l) x = blocks_[l]->forward(ctx, x, act ? &act->blocks[l] : nullptr);
+    if (act) {
+      act->blocks.resize(blocks_.size());
+      act->group_inputs.resize(blocks_.size());
+    }
+    const auto n = static_cast<std::int64_t>(blocks_.size());
+    for (std::int64_t l = 0; l < n; ++l) {
+      const auto group = act ? ctx.recompute.group(l, n) : std::nullopt;  // full recomputation
+      if (group && group->first == l) act->group_inputs[static_cast<std::size_t>(l)] = x;
+      x = blocks_[static_cast<std::size_t>(l)]->forward(ctx, x, act && !group ? &act->blocks[static_cast<std::size_t>(l)] : nullptr);
+    }
     if (!layers_.post_process) return x;
     Tensor normed = final_norm_->forward(x, act ? &act->final_norm : nullptr);
     Tensor logits = lm_head_->forward(normed);
     if (act) act->normed = std::move(normed);
     return logits;
+  }
+
+  // Full recomputation: before the backward of local layer l that ends its recompute group,
+  // re-runs the group's forward from its kept input, keeping its activations this time.
+  void recompute_group_ending_at(std::size_t l, Activations& act) {
+    const auto n = static_cast<std::int64_t>(blocks_.size());
+    const auto group = act.ctx.recompute.group(static_cast<std::int64_t>(l), n);
+    if (!group || group->second != static_cast<std::int64_t>(l) + 1) return;
+    trace::Span span("recompute", trace::Kind::Compute);
+    model::ForwardContext ctx = act.ctx;
+    ctx.recomputing = true;
+    Tensor x = std::move(act.group_inputs[static_cast<std::size_t>(group->first)]);
+    for (std::int64_t k = group->first; k < group->second; ++k)
+      x = blocks_[static_cast<std::size_t>(k)]->forward(ctx, x, &act.blocks[static_cast<std::size_t>(k)]);
   }
 
   static const model::ModelConfig& checked(const model::ModelConfig& c, int tp, const StageLayers& layers) {

@@ -100,7 +100,7 @@ class Generator {
     }
     DSP_CHECK_AS(InputError, longest <= cache.capacity(), "prefill: a prompt of ", longest,
                  " tokens does not fit a cache of ", cache.capacity(), " positions");
-    model::ForwardContext ctx{batch, longest, {}, &cache, false, {}};
+    model::ForwardContext ctx = model::ForwardContext::for_serving(batch, longest, {}, &cache);
     std::vector<std::int32_t> ids(static_cast<std::size_t>(batch * longest), pad_token);
     ctx.positions.resize(ids.size());
     for (std::int64_t b = 0; b < batch; ++b) {
@@ -133,7 +133,7 @@ class Generator {
     for (auto p : positions)
       DSP_CHECK_AS(InputError, p >= 0 && p < cache.capacity(), "decode: position ", p, " outside the cache of ",
                    cache.capacity(), " positions");
-    const model::ForwardContext ctx{batch, 1, positions, &cache, false, {}};
+    const auto ctx = model::ForwardContext::for_serving(batch, 1, positions, &cache);
     return gathered(model_->logits(ctx, tokens));
   }
 

@@ -64,6 +64,8 @@ struct TrainConfig {
   ep::MoeOptions moe;
   /// --moe-router-bias-update-rate: gamma of the expert-bias update (with an expert bias).
   float moe_router_bias_update_rate = 1e-3f;
+  /// --recompute-granularity, --recompute-method, --recompute-num-layers.
+  model::RecomputeConfig recompute;
 };
 
 /// One MoE layer's routing over a whole step, summed over every data-parallel rank.
@@ -161,6 +163,7 @@ class Trainer {
     std::map<std::pair<int, int>, typename Stage::Activations> stash;  // (micro-batch, stage)
     auto ctx = model::ForwardContext::for_training(tc_.micro_batch_size, seq);
     ctx.moe = tc_.moe;
+    ctx.recompute = tc_.recompute;
     ctx.moe.aux_loss_scale = static_cast<float>(double(tc_.micro_batch_size) / double(tc_.global_batch_size));
     for (auto* m : moe_layers()) m->stats().clear();
     typename pp::Engine<Comm>::Hooks hooks;
@@ -294,6 +297,7 @@ class Trainer {
   static std::vector<std::unique_ptr<Stage>> make_stages(const model::ModelConfig& config, const TrainConfig& tc,
                                                          DeviceMesh<Comm>& mesh) {
     config.validate_expert_parallel(mesh.ep_size());
+    tc.recompute.validate();
     const ep::MoeOptions& moe = tc.moe;
     DSP_CHECK_AS(ConfigError, !std::isnan(moe.capacity_factor) && !std::isinf(moe.capacity_factor),
                  "--moe-expert-capacity-factor must be finite (<= 0: dropless), got ", moe.capacity_factor);
