@@ -132,7 +132,7 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--exit-interval", o.exit_interval, "stop (after saving) at the first step divisible by N");
   app.add_option("--load", o.load, "checkpoint directory to resume from");
   app.add_option("--data-path", o.data_path, "text file; bytes are tokens, the last 10% is validation")->required();
-  app.add_option("--metrics-file", o.metrics_file, "JSON lines: step, loss, val_loss, lr, grad_norm, tokens_per_s, mfu, step_time_s, bubble_fraction, peak_activation_bytes, moe (per MoE layer: tokens_per_expert, max_over_mean_load, dropped, aux_loss) (global rank 0)");
+  app.add_option("--metrics-file", o.metrics_file, "JSON lines: step, loss, val_loss, lr, grad_norm, tokens_per_s, mfu, step_time_s, bubble_fraction, peak_activation_bytes, memory (rank 0's live bytes at the step's end by category: parameters, gradients, optimizer_state, activations, communication, workspace, total; and their peaks over the step: peak_<category>, peak_total), moe (per MoE layer: tokens_per_expert, max_over_mean_load, dropped, aux_loss) (global rank 0)");
   app.add_option("--peak-flops", o.peak_flops, "FLOP/s that MFU is measured against (default: measured sgemm peak)");
   app.add_option("--profile-file", o.profile_file, "write a Chrome trace (ui.perfetto.dev) of the profiled steps here");
   app.add_option("--profile-step-start", o.profile_step_start, "first profiled optimizer step (1-based; default 2)");
@@ -145,6 +145,20 @@ nlohmann::json moe_json(const std::vector<dsp::train::MoeStepStats>& layers) {
   for (const auto& l : layers)
     out.push_back({{"layer", l.layer}, {"tokens_per_expert", l.tokens_per_expert},
                    {"max_over_mean_load", l.max_over_mean_load()}, {"dropped", l.dropped}, {"aux_loss", l.aux_loss}});
+  return out;
+}
+
+// A step's memory counters for the metrics file: live bytes by category and total, and their
+// peaks as "peak_<category>", "peak_total".
+nlohmann::json memory_json(const dsp::memory::Snapshot& m) {
+  nlohmann::json out;
+  for (dsp::memory::Category c : dsp::memory::all_categories) {
+    const std::string name(dsp::memory::name(c));
+    out[name] = m[c].live;
+    out["peak_" + name] = m[c].peak;
+  }
+  out["total"] = m.total.live;
+  out["peak_total"] = m.total.peak;
   return out;
 }
 
@@ -245,6 +259,7 @@ void train(Options& o) {
                               {"step_time_s", r.seconds}, {"bubble_fraction", r.bubble_fraction},
                               {"peak_activation_bytes", r.peak_activation_bytes}};
           if (eval) j["val_loss"] = val;
+          j["memory"] = memory_json(r.memory);
           if (!r.moe.empty()) j["moe"] = moe_json(r.moe);
           *metrics << j.dump() << '\n' << std::flush;
         }

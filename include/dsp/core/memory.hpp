@@ -1,59 +1,164 @@
 #pragma once
-// Host memory accounting: live and peak bytes of tensor storage, per allocating thread (with
-// ranks as threads, per rank). Tensor storage allocates through CountingAllocator, so every
-// activation, gradient and temporary a rank's thread creates is counted. Storage freed by
-// another thread than the one that allocated it is subtracted from the freeing thread's count
-// (tensors here stay on their rank's thread and the communication threads allocate none; the
-// exception is the failure path, where buffers kept for in-flight communication are freed at
-// process exit).
+// Host memory accounting: live and peak bytes of counted storage (Tensor storage and the
+// buffers that use CountingAllocator, e.g. the gradient buckets' payloads), per allocating
+// thread (with ranks as threads, per rank) and per category: the categories of the memory
+// ledger (plan/ledger.hpp, DESIGN.md section 5), so the ledger's prediction can be tested
+// against what was measured.
+//
+// Which category an allocation counts in:
+//   * every counted container has a category, fixed when it is constructed: the one named
+//     explicitly (CountingAllocator(Category), Tensor(shape, Category)) or else the calling
+//     thread's current category (the innermost CategoryScope; Workspace when none is active);
+//   * a copy of a container (Tensor copy construction) is a new allocation made here: it
+//     counts in the current category, not the source's;
+//   * moving a container (construction or assignment) moves its storage together with the
+//     storage's category, so bytes are subtracted from the category they were added to;
+//   * copy assignment keeps the destination's category (the destination's allocator allocates).
+// Tagged at the source: model::Parameter's value (Parameters) and grad (Gradients),
+// zero::AdamW's moments (OptimizerState), dp::GradBuckets' payloads (Communication). The
+// trainer runs the pipeline schedule (forward and backward) inside an Activations scope, so
+// Activations there means everything the schedule allocates: the stashed activations of the
+// micro-batches in flight plus the temporaries of the layer running (the ledger's activations
+// plus workspace). Everything allocated outside any scope (the optimizer's and clipping's
+// temporaries, evaluation, checkpoint copies) is Workspace.
+//
+// Storage freed by another thread than the one that allocated it is subtracted from the freeing
+// thread's count (tensors here stay on their rank's thread and the communication threads
+// allocate none; the exception is the failure path, where buffers kept for in-flight
+// communication are freed at process exit).
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string_view>
+#include <type_traits>
 
 namespace dsp::memory {
 
-/// Live and peak bytes of tensor storage of one thread.
+/// What memory is for: the memory ledger's categories (plan::MemoryLedger).
+enum class Category { Parameters, Gradients, OptimizerState, Activations, Communication, Workspace };
+inline constexpr std::size_t num_categories = 6;
+/// Every category, in the enum's order (the index of Snapshot::categories).
+inline constexpr std::array<Category, num_categories> all_categories{
+    Category::Parameters,    Category::Gradients,     Category::OptimizerState,
+    Category::Activations,   Category::Communication, Category::Workspace};
+
+/// snake_case name ("parameters", "gradients", "optimizer_state", "activations",
+/// "communication", "workspace"), as the metrics file spells it.
+constexpr std::string_view name(Category c) {
+  constexpr std::array<std::string_view, num_categories> names{"parameters",  "gradients",     "optimizer_state",
+                                                               "activations", "communication", "workspace"};
+  return names[static_cast<std::size_t>(c)];
+}
+
+/// Live and peak bytes.
 struct Counter {
   std::int64_t live = 0;  ///< bytes allocated and not yet freed
   std::int64_t peak = 0;  ///< largest `live` since the thread started or reset_peak()
 };
 
-/// The calling thread's counter.
-inline Counter& thread_counter() {
-  thread_local Counter c;
-  return c;
-}
-/// Bytes of tensor storage the calling thread holds now.
-inline std::int64_t live_bytes() { return thread_counter().live; }
-/// Most bytes the calling thread held at once since it started or the last reset_peak().
-inline std::int64_t peak_bytes() { return thread_counter().peak; }
-/// Starts a new peak measurement at the current live bytes.
-inline void reset_peak() { thread_counter().peak = thread_counter().live; }
+/// One thread's counters: per category and the total. A category's peak is the largest live of
+/// that category alone; the total's peak is the largest live of all categories together (at
+/// most, and usually less than, the sum of the categories' peaks).
+struct Snapshot {
+  std::array<Counter, num_categories> categories;
+  Counter total;
+  const Counter& operator[](Category c) const { return categories[static_cast<std::size_t>(c)]; }
+};
 
-/// std::allocator that counts bytes in the calling thread's Counter.
+namespace detail {
+
+struct ThreadState {
+  Snapshot counters;
+  Category current = Category::Workspace;
+};
+
+inline ThreadState& thread_state() {
+  thread_local ThreadState s;  // trivially destructible: still counts frees during exit
+  return s;
+}
+
+inline void add(Category c, std::int64_t bytes) {
+  Snapshot& s = thread_state().counters;
+  Counter& k = s.categories[static_cast<std::size_t>(c)];
+  k.live += bytes;
+  k.peak = std::max(k.peak, k.live);
+  s.total.live += bytes;
+  s.total.peak = std::max(s.total.peak, s.total.live);
+}
+
+}  // namespace detail
+
+/// The calling thread's counters now.
+inline Snapshot snapshot() { return detail::thread_state().counters; }
+/// Bytes of counted storage the calling thread holds now, all categories.
+inline std::int64_t live_bytes() { return detail::thread_state().counters.total.live; }
+/// Most bytes the calling thread held at once, all categories together, since it started or
+/// the last reset_peak().
+inline std::int64_t peak_bytes() { return detail::thread_state().counters.total.peak; }
+/// Starts a new peak measurement, of every category and of the total, at the live bytes.
+inline void reset_peak() {
+  Snapshot& s = detail::thread_state().counters;
+  for (Counter& c : s.categories) c.peak = c.live;
+  s.total.peak = s.total.live;
+}
+
+/// The calling thread's current category: the innermost CategoryScope's, Workspace outside any.
+inline Category current_category() { return detail::thread_state().current; }
+
+/// Makes `c` the calling thread's current category until the scope ends, then restores the
+/// previous one (scopes nest). Not copyable or movable: it belongs to one thread's stack.
+class CategoryScope {
+ public:
+  explicit CategoryScope(Category c) : previous_(current_category()) { detail::thread_state().current = c; }
+  ~CategoryScope() { detail::thread_state().current = previous_; }
+  CategoryScope(const CategoryScope&) = delete;
+  CategoryScope& operator=(const CategoryScope&) = delete;
+
+ private:
+  Category previous_;
+};
+
+/// std::allocator that counts bytes in the calling thread's counters under its category (the
+/// rules at the top of this file: allocators of different categories compare unequal, moves
+/// carry the category, copy construction takes the current one).
 template <class T>
-struct CountingAllocator {
+class CountingAllocator {
+ public:
   using value_type = T;
-  CountingAllocator() = default;
+  using propagate_on_container_move_assignment = std::true_type;
+  using propagate_on_container_copy_assignment = std::false_type;
+  using propagate_on_container_swap = std::true_type;
+  using is_always_equal = std::false_type;
+
+  /// Counts in the calling thread's current category.
+  CountingAllocator() noexcept : category_(current_category()) {}
+  explicit CountingAllocator(Category c) noexcept : category_(c) {}
   template <class U>
-  CountingAllocator(const CountingAllocator<U>&) noexcept {}
+  CountingAllocator(const CountingAllocator<U>& other) noexcept : category_(other.category()) {}
+
+  /// A copied container's allocator: the current category (a copy is a new allocation).
+  CountingAllocator select_on_container_copy_construction() const noexcept { return {}; }
+
+  Category category() const noexcept { return category_; }
 
   T* allocate(std::size_t n) {
     T* p = std::allocator<T>{}.allocate(n);
-    Counter& c = thread_counter();
-    c.live += static_cast<std::int64_t>(n * sizeof(T));
-    c.peak = std::max(c.peak, c.live);
+    detail::add(category_, static_cast<std::int64_t>(n * sizeof(T)));
     return p;
   }
   void deallocate(T* p, std::size_t n) noexcept {
-    thread_counter().live -= static_cast<std::int64_t>(n * sizeof(T));
+    detail::add(category_, -static_cast<std::int64_t>(n * sizeof(T)));
     std::allocator<T>{}.deallocate(p, n);
   }
   template <class U>
-  bool operator==(const CountingAllocator<U>&) const noexcept {
-    return true;
+  bool operator==(const CountingAllocator<U>& other) const noexcept {
+    return category_ == other.category();
   }
+
+ private:
+  Category category_;
 };
 
 }  // namespace dsp::memory

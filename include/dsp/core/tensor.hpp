@@ -8,6 +8,7 @@
 #include <numeric>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "dsp/core/error.hpp"
@@ -49,13 +50,19 @@ class TensorView {
 };
 
 /// Owning contiguous fp32 tensor, zero-initialised. Copyable (deep) and movable. Its storage is
-/// counted by dsp::memory (live and peak bytes of the allocating thread).
+/// counted by dsp::memory (live and peak bytes of the allocating thread) in the category current
+/// when it is constructed, or the one given; a copy counts in the current category, a moved
+/// tensor keeps its own (core/memory.hpp).
 class Tensor {
  public:
   using Storage = std::vector<float, memory::CountingAllocator<float>>;
 
   Tensor() = default;
-  explicit Tensor(Shape shape) : shape_(std::move(shape)), data_(static_cast<std::size_t>(dsp::numel(shape_)), 0.0f) {}
+  explicit Tensor(Shape shape) : Tensor(std::move(shape), memory::current_category()) {}
+  /// Zeros counted in `category` whatever scope is current.
+  Tensor(Shape shape, memory::Category category)
+      : shape_(std::move(shape)),
+        data_(static_cast<std::size_t>(dsp::numel(shape_)), 0.0f, memory::CountingAllocator<float>(category)) {}
   /// Throws Error when the values do not fill the shape.
   Tensor(Shape shape, const std::vector<float>& values) : Tensor(std::move(shape), Storage(values.begin(), values.end())) {}
   Tensor(Shape shape, std::initializer_list<float> values) : Tensor(std::move(shape), Storage(values)) {}
@@ -94,5 +101,8 @@ class Tensor {
   Shape shape_;
   Storage data_;
 };
+// Containers of tensors (std::vector<Tensor> growing) move them rather than copy them, so each
+// keeps its storage and that storage's memory category.
+static_assert(std::is_nothrow_move_constructible_v<Tensor>);
 
 }  // namespace dsp

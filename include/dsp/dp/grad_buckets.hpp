@@ -25,6 +25,7 @@
 #include "dsp/comm/detail/keep_alive.hpp"
 #include "dsp/core/dtype.hpp"
 #include "dsp/core/error.hpp"
+#include "dsp/core/memory.hpp"
 #include "dsp/model/parameter.hpp"
 
 namespace dsp::dp {
@@ -68,7 +69,8 @@ class GradBuckets {
   /// communicator picks for a message size). Collective over `dp`: checks that every DP rank
   /// made the same buckets (count, elements, dtype). Throws ConfigError when
   /// bucket_size_bytes < 1 or the ranks' buckets differ (e.g. different --ddp-bucket-size or
-  /// --grad-reduce-dtype).
+  /// --grad-reduce-dtype). With more than one DP rank it allocates every bucket's payload
+  /// (its gradients' elements x 4 bytes, or 2 in bf16), counted as memory::Category::Communication.
   GradBuckets(Comm& dp, const std::vector<model::Parameter*>& params, DdpConfig config,
               const model::Parameter* own_bucket = nullptr)
       : dp_(&dp), config_(config) {
@@ -90,10 +92,11 @@ class GradBuckets {
     for (auto& b : buckets_) {
       elements += b.elements;
       if (dp.size() == 1) continue;  // nothing to communicate: no payload
+      const auto n = static_cast<std::size_t>(b.elements);
       if (config.grad_reduce_dtype == GradReduceDType::Bf16)
-        b.half.resize(static_cast<std::size_t>(b.elements));
+        b.half = Payload<bf16>(n, memory::CountingAllocator<bf16>(memory::Category::Communication));
       else
-        b.full.resize(static_cast<std::size_t>(b.elements));
+        b.full = Payload<float>(n, memory::CountingAllocator<float>(memory::Category::Communication));
     }
     if (dp.size() > 1) {  // all ranks must issue the same all-reduces: compare max and min
       const std::int64_t mine[3] = {static_cast<std::int64_t>(buckets_.size()), elements, elem};
@@ -174,11 +177,15 @@ class GradBuckets {
   const DdpConfig& config() const { return config_; }
 
  private:
+  // A bucket's payload, counted as memory::Category::Communication.
+  template <class T>
+  using Payload = std::vector<T, memory::CountingAllocator<T>>;
+
   struct Bucket {
     std::vector<model::Parameter*> params;
     std::int64_t elements = 0;
-    std::vector<float> full;  // fp32 payload
-    std::vector<bf16> half;   // bf16 payload
+    Payload<float> full;  // fp32 payload
+    Payload<bf16> half;   // bf16 payload
     int ready = 0;
     std::int64_t reductions = 0;
     comm::Work work;

@@ -108,9 +108,11 @@ class MoELayer {
       shared_.emplace(std::vector<std::string>{prefix(layer) + ".shared_experts"}, c.hidden_size,
                       c.num_shared_experts * c.moe_ffn_hidden_size, c.init_method_std, down_std, seed, tp.size(),
                       tp.rank(), false);
-    if (c.moe_router_enable_expert_bias)
+    if (c.moe_router_enable_expert_bias) {
       bias_.emplace(ShardedTensor::replicated(prefix(layer) + ".gate.e_score_correction_bias", {c.num_experts}),
                     model::Init{model::Init::Zeros}, seed, tp.size(), tp.rank());
+      bias_->grad = Tensor{};  // a buffer: moved by the balancing step, never by a gradient
+    }
     stats_.layer = layer;
     stats_.tokens_per_expert.assign(static_cast<std::size_t>(c.num_experts), 0);
   }

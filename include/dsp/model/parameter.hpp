@@ -16,7 +16,8 @@ struct Init {
   float std = 0.02f;  ///< standard deviation for Normal
 };
 
-/// One trainable tensor on one rank: `value` and `grad` have shape spec.local_shape(tp).
+/// One trainable tensor on one rank: `value` and `grad` have shape spec.local_shape(tp). The
+/// value counts as memory::Category::Parameters, the gradient as Gradients.
 struct Parameter {
   ShardedTensor spec;
   Tensor value;
@@ -35,7 +36,9 @@ struct Parameter {
   /// is std * N(0,1) drawn from CounterRng(seed, spec.name) at g, so every layout holds the
   /// same global values; padding is zero. Throws ConfigError when the spec cannot split.
   Parameter(ShardedTensor s, Init init, std::uint64_t seed, int tp_size, int tp_rank)
-      : spec(std::move(s)), value(spec.local_shape(tp_size)), grad(spec.local_shape(tp_size)),
+      : spec(std::move(s)),
+        value(spec.local_shape(tp_size), memory::Category::Parameters),
+        grad(spec.local_shape(tp_size), memory::Category::Gradients),
         weight_decay(spec.global_shape.size() >= 2) {
     if (init.kind != Init::Normal) {
       value.fill(init.kind == Init::Ones ? 1.0f : 0.0f);

@@ -103,6 +103,11 @@ struct StepResult {
   /// held before it (dsp::memory): stashed activations of the micro-batches in flight plus
   /// the temporaries of the layer running.
   std::int64_t peak_activation_bytes = 0;
+  /// This rank's dsp::memory counters by category: live bytes at the end of the step and peaks
+  /// over the step. The schedule (forward and backward) runs in an Activations scope, so
+  /// Activations counts the stashed activations and the layers' temporaries; the optimizer's
+  /// and clipping's temporaries are Workspace.
+  memory::Snapshot memory;
   /// Every MoE layer of the model (all pipeline stages), by layer; empty for a dense model.
   std::vector<MoeStepStats> moe;
 };
@@ -189,7 +194,10 @@ class Trainer {
     };
     const std::int64_t held_before = memory::live_bytes();
     memory::reset_peak();
-    const pp::ScheduleStats stats = engine_.run(hooks);
+    const pp::ScheduleStats stats = [&] {
+      memory::CategoryScope scope(memory::Category::Activations);
+      return engine_.run(hooks);
+    }();
     const std::int64_t peak_activation_bytes = memory::peak_bytes() - held_before;
     sum_tied_embedding_grads();
     {
@@ -217,6 +225,7 @@ class Trainer {
     r.bubble_fraction = mesh_->pp_size() > 1 ? pp::pipeline_bubble_fraction(mesh_->pipeline_group(), stats) : 0.0;
     r.peak_in_flight = stats.peak_in_flight;
     r.peak_activation_bytes = peak_activation_bytes;
+    r.memory = memory::snapshot();
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return r;
   }

@@ -24,8 +24,8 @@ class AdamW {
  public:
   AdamW(std::vector<model::Parameter*> params, AdamWConfig config) : params_(std::move(params)), config_(config) {
     for (auto* p : params_) {
-      exp_avg_.emplace_back(p->value.shape());
-      exp_avg_sq_.emplace_back(p->value.shape());
+      exp_avg_.emplace_back(p->value.shape(), memory::Category::OptimizerState);
+      exp_avg_sq_.emplace_back(p->value.shape(), memory::Category::OptimizerState);
     }
   }
 
@@ -44,7 +44,8 @@ class AdamW {
   std::int64_t steps() const { return step_; }
   void set_steps(std::int64_t s) { step_ = s; }
   const std::vector<model::Parameter*>& parameters() const { return params_; }
-  /// First and second moments of parameter i (shape of its local shard).
+  /// First and second moments of parameter i (shape of its local shard; counted as
+  /// memory::Category::OptimizerState).
   Tensor& exp_avg(std::size_t i) { return exp_avg_.at(i); }
   Tensor& exp_avg_sq(std::size_t i) { return exp_avg_sq_.at(i); }
 
