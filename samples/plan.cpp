@@ -13,6 +13,7 @@
 #include <string>
 
 #include "cli.hpp"
+#include "model_flags.hpp"
 #include "dsp/plan/ledger.hpp"
 #include "dsp/plan/recommend.hpp"
 #include "dsp/plan/validate.hpp"
@@ -21,8 +22,7 @@ namespace {
 
 struct Options {
   std::string model_config;
-  dsp::model::ModelConfig model;
-  bool untie = false;
+  samples::ModelFlags model_flags;
   int tensor = 1, pipeline = 1, expert = 1, world_size = 0;
   std::string precision = "bf16", recompute = "none", recompute_method = "uniform";
   dsp::plan::TrainingPlan plan;
@@ -160,19 +160,7 @@ int main(int argc, char** argv) {
   CLI::App app{"dsp-plan: per-rank training and serving memory, validation and layout recommendations"};
   Options o;
   app.add_option("--model-config", o.model_config, "Hugging Face config.json of the model (flags below override it)");
-  app.add_option("--num-layers", o.model.num_layers, "decoder layers");
-  app.add_option("--hidden-size", o.model.hidden_size, "hidden size");
-  app.add_option("--num-attention-heads", o.model.num_attention_heads, "attention heads");
-  app.add_option("--num-query-groups", o.model.num_query_groups, "key/value heads (GQA); default = heads");
-  app.add_option("--ffn-hidden-size", o.model.ffn_hidden_size, "SwiGLU intermediate size");
-  app.add_option("--vocab-size", o.model.vocab_size, "vocabulary");
-  app.add_option("--seq-length", o.model.seq_length, "tokens per sequence");
-  app.add_flag("--untie-embeddings-and-output-weights", o.untie, "separate output layer (default with flags: tied)");
-  app.add_option("--num-experts", o.model.num_experts, "routed experts per MoE layer (0: dense)");
-  app.add_option("--moe-router-topk", o.model.moe_router_topk, "experts per token");
-  app.add_option("--moe-ffn-hidden-size", o.model.moe_ffn_hidden_size, "intermediate size of each expert");
-  app.add_option("--num-shared-experts", o.model.num_shared_experts, "shared experts (each moe-ffn-hidden-size wide)");
-  app.add_option("--first-k-dense-replace", o.model.first_k_dense_replace, "leading dense layers of an MoE model");
+  o.model_flags.add_to(app);
   app.add_option("--tensor-model-parallel-size", o.tensor, "tensor-parallel size");
   app.add_option("--pipeline-model-parallel-size", o.pipeline, "pipeline stages");
   app.add_option("--expert-model-parallel-size", o.expert, "expert-parallel size (divides DP)");
@@ -208,8 +196,7 @@ int main(int argc, char** argv) {
   return samples::run_main(app, argc, argv, [&] {
     namespace plan = dsp::plan;
     // The model: the config file, then the flags given explicitly.
-    dsp::model::ModelConfig m = o.model;
-    const bool given_kv = app.count("--num-query-groups") > 0;
+    dsp::model::ModelConfig m;
     if (!o.model_config.empty()) {
       std::ifstream in(o.model_config);
       DSP_CHECK_AS(dsp::InputError, in.good(), "model config '", o.model_config, "' cannot be opened");
@@ -219,27 +206,10 @@ int main(int argc, char** argv) {
       } catch (const nlohmann::json::exception& e) {
         throw dsp::InputError(dsp::detail::concat("model config '", o.model_config, "' is not valid JSON: ", e.what()));
       }
-      m = dsp::model::ModelConfig::from_hf_json(j);
-      auto take = [&](const char* flag, std::int64_t& field, std::int64_t value) {
-        if (app.count(flag) > 0) field = value;
-      };
-      take("--num-layers", m.num_layers, o.model.num_layers);
-      take("--hidden-size", m.hidden_size, o.model.hidden_size);
-      take("--num-attention-heads", m.num_attention_heads, o.model.num_attention_heads);
-      take("--num-query-groups", m.num_query_groups, o.model.num_query_groups);
-      take("--ffn-hidden-size", m.ffn_hidden_size, o.model.ffn_hidden_size);
-      take("--vocab-size", m.vocab_size, o.model.vocab_size);
-      take("--seq-length", m.seq_length, o.model.seq_length);
-      take("--num-experts", m.num_experts, o.model.num_experts);
-      take("--moe-router-topk", m.moe_router_topk, o.model.moe_router_topk);
-      take("--moe-ffn-hidden-size", m.moe_ffn_hidden_size, o.model.moe_ffn_hidden_size);
-      take("--num-shared-experts", m.num_shared_experts, o.model.num_shared_experts);
-      take("--first-k-dense-replace", m.first_k_dense_replace, o.model.first_k_dense_replace);
-      if (o.untie) m.tie_word_embeddings = false;
+      const auto file = dsp::model::ModelConfig::from_hf_json(j);
+      m = o.model_flags.config(app, &file);
     } else {
-      m.tie_word_embeddings = !o.untie;  // dsp-train's default: tied
-      if (!given_kv) m.num_query_groups = m.num_attention_heads;
-      if (m.is_moe() && app.count("--moe-ffn-hidden-size") == 0) m.moe_ffn_hidden_size = m.ffn_hidden_size;
+      m = o.model_flags.config(app);
     }
     print_model(m);
 

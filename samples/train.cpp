@@ -25,6 +25,7 @@
 #include <optional>
 
 #include "cli.hpp"
+#include "model_flags.hpp"
 #include "ranks.hpp"
 #include "dsp/core/trace.hpp"
 #include "dsp/train/checkpointing.hpp"
@@ -39,12 +40,11 @@ struct Options {
   int pipeline_parallel = 1;
   int expert_parallel = 1;
   bool print_schedule = false;
-  std::int64_t shared_expert_intermediate_size = 0;
-  std::string router_score_function = "softmax", token_drop_policy = "probs";
+  std::string token_drop_policy = "probs";
   std::string recompute_granularity = "none", recompute_method = "uniform";
   std::int64_t recompute_num_layers = 1;
-  dsp::model::ModelConfig model;
-  bool untie = false;
+  samples::ModelFlags model_flags;
+  dsp::model::ModelConfig model;  // from model_flags
   dsp::train::TrainConfig train;
   std::int64_t eval_interval = 0, save_interval = 0, exit_interval = 0, log_interval = 10;
   std::string data_path, save, load, metrics_file, grad_reduce_dtype = "fp32";
@@ -66,34 +66,8 @@ void add_flags(CLI::App& app, Options& o) {
                  "explicit layers per (virtual) pipeline stage, e.g. 3,3,2,2 (default: as even as possible, earlier stages get the extra)")
       ->delimiter(',');
   app.add_flag("--print-pipeline-schedule", o.print_schedule, "print the schedule's forward/backward timeline per pipeline rank (simulated, backward = 2 forwards) and continue");
-  app.add_option("--num-layers", o.model.num_layers, "decoder layers");
-  app.add_option("--hidden-size", o.model.hidden_size, "hidden size");
-  app.add_option("--num-attention-heads", o.model.num_attention_heads, "attention heads");
-  app.add_option("--num-query-groups", o.model.num_query_groups, "key/value heads (GQA); default = heads");
-  app.add_option("--ffn-hidden-size", o.model.ffn_hidden_size, "SwiGLU intermediate size");
-  app.add_option("--seq-length", o.model.seq_length, "tokens per sequence");
-  app.add_option("--vocab-size", o.model.vocab_size, "vocabulary (bytes: 256)");
-  app.add_option("--rotary-base", o.model.rope_theta, "RoPE theta");
-  app.add_option("--norm-epsilon", o.model.norm_epsilon, "RMSNorm epsilon");
-  app.add_option("--init-method-std", o.model.init_method_std, "std of the normal initialisation");
-  app.add_flag("--untie-embeddings-and-output-weights", o.untie, "separate output layer (default: tied)");
-  app.add_option("--num-experts", o.model.num_experts, "routed experts per MoE layer (0: dense model)");
-  app.add_option("--moe-router-topk", o.model.moe_router_topk, "experts per token");
-  app.add_option("--moe-ffn-hidden-size", o.model.moe_ffn_hidden_size, "SwiGLU intermediate size of each expert (default: ffn-hidden-size)");
-  app.add_option("--moe-shared-expert-intermediate-size", o.shared_expert_intermediate_size,
-                 "total intermediate size of the shared experts (a multiple of moe-ffn-hidden-size)");
-  app.add_option("--num-shared-experts", o.model.num_shared_experts, "shared experts, each moe-ffn-hidden-size wide (or give the total size above)");
-  app.add_option("--first-k-dense-replace", o.model.first_k_dense_replace,
-                 "leading dense layers before the MoE layers (Megatron: --moe-layer-freq [0]*K+[1]*(L-K))");
+  o.model_flags.add_to(app);
   app.add_option("--expert-model-parallel-size", o.expert_parallel, "ranks the routed experts are split over (divides the data-parallel size)");
-  app.add_option("--moe-router-score-function", o.router_score_function, "softmax (DeepSeek-V2) or sigmoid (DeepSeek-V3)")
-      ->check(CLI::IsMember({"softmax", "sigmoid"}));
-  app.add_flag("--moe-router-norm-topk-prob", o.model.moe_router_norm_topk_prob, "renormalise the top-k gate weights to sum 1 (always with sigmoid)");
-  app.add_option("--moe-router-topk-scaling-factor", o.model.moe_router_topk_scaling_factor, "multiplies every gate weight (routed_scaling_factor)");
-  app.add_option("--moe-router-num-groups", o.model.moe_router_num_groups, "expert groups for group-limited routing");
-  app.add_option("--moe-router-group-topk", o.model.moe_router_group_topk, "groups each token may pick experts from");
-  app.add_flag("--moe-router-enable-expert-bias", o.model.moe_router_enable_expert_bias,
-               "auxiliary-loss-free balancing: a per-expert bias on the selection scores, updated every step");
   app.add_option("--moe-router-bias-update-rate", o.train.moe_router_bias_update_rate, "gamma: the bias step per optimizer step");
   app.add_option("--moe-aux-loss-coeff", o.train.moe.aux_loss_coeff, "alpha of the sequence-wise balance loss (0: none)");
   app.add_option("--moe-expert-capacity-factor", o.train.moe.capacity_factor, "expert capacity factor (default: dropless)");
@@ -198,7 +172,6 @@ std::string eta(double seconds) {
 }
 
 void train(Options& o) {
-  o.model.tie_word_embeddings = !o.untie;
   if (o.peak_flops <= 0) o.peak_flops = dsp::train::measure_sgemm_peak<dsp::backend::Host>();
   const auto data = dsp::train::TokenDataset::from_file(o.data_path, o.model.seq_length);
   if (!o.save.empty()) dsp::checkpoint::check_replaceable(o.save);  // fail now, not after training
@@ -306,27 +279,12 @@ int main(int argc, char** argv) {
   Options o;
   add_flags(app, o);
   return samples::run_main(app, argc, argv, [&] {
-    if (app.count("--num-query-groups") == 0) o.model.num_query_groups = o.model.num_attention_heads;
+    o.model = o.model_flags.config(app, nullptr,
+                                   {"--moe-router-bias-update-rate", "--moe-aux-loss-coeff",
+                                    "--moe-expert-capacity-factor", "--moe-token-drop-policy"});
     o.train.ddp.grad_reduce_dtype = dsp::dp::grad_reduce_dtype_from_name(o.grad_reduce_dtype);
-    if (o.model.num_experts == 0)  // a dense model: MoE flags would be silently ignored
-      for (const char* flag : {"--moe-router-topk", "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size",
-                               "--num-shared-experts", "--first-k-dense-replace", "--moe-router-score-function",
-                               "--moe-router-norm-topk-prob", "--moe-router-topk-scaling-factor",
-                               "--moe-router-num-groups", "--moe-router-group-topk", "--moe-router-enable-expert-bias",
-                               "--moe-router-bias-update-rate", "--moe-aux-loss-coeff", "--moe-expert-capacity-factor",
-                               "--moe-token-drop-policy"})
-        DSP_CHECK_AS(dsp::ConfigError, app.count(flag) == 0, flag, " needs an MoE model (--num-experts > 0)");
-    if (o.model.moe_ffn_hidden_size == 0) o.model.moe_ffn_hidden_size = o.model.ffn_hidden_size;
     o.train.recompute =
         dsp::model::RecomputeConfig::from_names(o.recompute_granularity, o.recompute_method, o.recompute_num_layers);
-    if (app.count("--moe-shared-expert-intermediate-size") > 0) {
-      DSP_CHECK_AS(dsp::ConfigError, app.count("--num-shared-experts") == 0,
-                   "give --moe-shared-expert-intermediate-size or --num-shared-experts, not both");
-      o.model.num_shared_experts = dsp::divide(o.shared_expert_intermediate_size, o.model.moe_ffn_hidden_size,
-                                               "--moe-shared-expert-intermediate-size");
-    }
-    o.model.moe_router_score_function =
-        o.router_score_function == "sigmoid" ? dsp::ep::ScoreFunction::Sigmoid : dsp::ep::ScoreFunction::Softmax;
     o.train.moe.drop_policy = o.token_drop_policy == "position" ? dsp::ep::DropPolicy::Position : dsp::ep::DropPolicy::Probability;
     train(o);
   });

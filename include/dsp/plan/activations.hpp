@@ -26,8 +26,9 @@
 //              (counted as workspace). method uniform: the stage's layers are split into
 //              groups of N and each group's input is kept; block: the first N layers of each
 //              stage are checkpointed one by one, the others keep everything.
-// Not yet measurable: dsp has no recomputation and no 16-bit activations yet (it trains fp32
-// with granularity none); those rows are the design target the later tests measure against.
+// Measured (tests/plan/test_ledger_peak.cpp): fp32 with every granularity. Not yet measurable:
+// 16-bit activations (dsp trains fp32). Selective recomputation's transient probabilities in
+// backward ([b, heads/t, s, s] per layer) are not in the workspace term yet.
 #include <algorithm>
 #include <cstdint>
 #include <string>

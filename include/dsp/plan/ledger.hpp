@@ -32,7 +32,8 @@
 // What can be measured today: parameter bytes (exact), fp32 gradients and AdamW moments at
 // ZeRO 0 (exact), fp32 activations without recomputation (dsp::memory counts Tensor storage;
 // the fp32 statistics and index vectors kept in std::vector are not counted there), KV cache
-// (exact). Mixed precision, ZeRO 1-3 and recomputation are predictions for code to come.
+// (exact), the step's peak with and without recomputation (within 10%,
+// tests/plan/test_ledger_peak.cpp). Mixed precision and ZeRO 1-3 are predictions for code to come.
 #include <algorithm>
 #include <cstdint>
 #include <string>

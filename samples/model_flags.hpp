@@ -1,0 +1,112 @@
+#pragma once
+// The model flags dsp-train and dsp-plan share (Megatron spelling), and the rules that turn
+// them into a ModelConfig: --num-query-groups defaults to the heads, --moe-ffn-hidden-size to
+// --ffn-hidden-size, --moe-shared-expert-intermediate-size counts shared experts, embeddings
+// are tied unless --untie-embeddings-and-output-weights, MoE flags need --num-experts.
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "dsp/core/divide.hpp"
+#include "dsp/model/config.hpp"
+
+namespace samples {
+
+class ModelFlags {
+ public:
+  /// Adds every model flag to `app`, writing into this object.
+  void add_to(CLI::App& app) {
+    using C = dsp::model::ModelConfig;
+    option(app, "--num-layers", &C::num_layers, "decoder layers");
+    option(app, "--hidden-size", &C::hidden_size, "hidden size");
+    option(app, "--num-attention-heads", &C::num_attention_heads, "attention heads");
+    option(app, "--num-query-groups", &C::num_query_groups, "key/value heads (GQA); default = heads");
+    option(app, "--ffn-hidden-size", &C::ffn_hidden_size, "SwiGLU intermediate size");
+    option(app, "--seq-length", &C::seq_length, "tokens per sequence");
+    option(app, "--vocab-size", &C::vocab_size, "vocabulary (bytes: 256)");
+    option(app, "--rotary-base", &C::rope_theta, "RoPE theta");
+    option(app, "--norm-epsilon", &C::norm_epsilon, "RMSNorm epsilon");
+    option(app, "--init-method-std", &C::init_method_std, "std of the normal initialisation");
+    app.add_flag("--untie-embeddings-and-output-weights", untie_, "separate output layer (default: tied)");
+    option(app, "--num-experts", &C::num_experts, "routed experts per MoE layer (0: dense model)");
+    option(app, "--moe-router-topk", &C::moe_router_topk, "experts per token");
+    option(app, "--moe-ffn-hidden-size", &C::moe_ffn_hidden_size,
+           "SwiGLU intermediate size of each expert (default: ffn-hidden-size)");
+    app.add_option("--moe-shared-expert-intermediate-size", shared_expert_intermediate_size_,
+                   "total intermediate size of the shared experts (a multiple of moe-ffn-hidden-size)");
+    option(app, "--num-shared-experts", &C::num_shared_experts,
+           "shared experts, each moe-ffn-hidden-size wide (or give the total size above)");
+    option(app, "--first-k-dense-replace", &C::first_k_dense_replace,
+           "leading dense layers before the MoE layers (Megatron: --moe-layer-freq [0]*K+[1]*(L-K))");
+    app.add_option("--moe-router-score-function", score_function_, "softmax (DeepSeek-V2) or sigmoid (DeepSeek-V3)")
+        ->check(CLI::IsMember({"softmax", "sigmoid"}));
+    flag(app, "--moe-router-norm-topk-prob", &C::moe_router_norm_topk_prob,
+         "renormalise the top-k gate weights to sum 1 (always with sigmoid)");
+    option(app, "--moe-router-topk-scaling-factor", &C::moe_router_topk_scaling_factor,
+           "multiplies every gate weight (routed_scaling_factor)");
+    option(app, "--moe-router-num-groups", &C::moe_router_num_groups, "expert groups for group-limited routing");
+    option(app, "--moe-router-group-topk", &C::moe_router_group_topk, "groups each token may pick experts from");
+    flag(app, "--moe-router-enable-expert-bias", &C::moe_router_enable_expert_bias,
+         "auxiliary-loss-free balancing: a per-expert bias on the selection scores, updated every step");
+  }
+
+  /// The model of the flags given: over `base` (e.g. a config.json) only the flags on the
+  /// command line; without a base, the defaults above. moe_training_flags: the caller's other
+  /// flags that need an MoE model (checked when the result is dense). Throws ConfigError for a
+  /// shared-expert size that does not divide, both shared-expert flags, or an MoE flag
+  /// without experts.
+  dsp::model::ModelConfig config(const CLI::App& app, const dsp::model::ModelConfig* base = nullptr,
+                                 const std::vector<std::string>& moe_training_flags = {}) const {
+    dsp::model::ModelConfig m = base ? *base : model_;
+    if (base)
+      for (const auto& [name, copy] : fields_)
+        if (app.count(name) > 0) copy(m, model_);
+    if (!base || app.count("--untie-embeddings-and-output-weights") > 0) m.tie_word_embeddings = !untie_;
+    if (!base && app.count("--num-query-groups") == 0) m.num_query_groups = m.num_attention_heads;
+    if (app.count("--moe-router-score-function") > 0)
+      m.moe_router_score_function =
+          score_function_ == "sigmoid" ? dsp::ep::ScoreFunction::Sigmoid : dsp::ep::ScoreFunction::Softmax;
+    if (m.num_experts == 0) {  // dense (a negative count is left to ModelConfig::validate)
+      std::vector<std::string> moe_flags = moe_training_flags;
+      for (const auto& [name, copy] : fields_)
+        if (name.starts_with("--moe-") || name == "--num-shared-experts" || name == "--first-k-dense-replace")
+          moe_flags.push_back(name);
+      moe_flags.insert(moe_flags.end(), {"--moe-shared-expert-intermediate-size", "--moe-router-score-function"});
+      for (const auto& flag : moe_flags)
+        DSP_CHECK_AS(dsp::ConfigError, app.count(flag) == 0, flag, " needs an MoE model (--num-experts > 0)");
+      return m;
+    }
+    if (m.moe_ffn_hidden_size == 0) m.moe_ffn_hidden_size = m.ffn_hidden_size;
+    if (app.count("--moe-shared-expert-intermediate-size") > 0) {
+      DSP_CHECK_AS(dsp::ConfigError, app.count("--num-shared-experts") == 0,
+                   "give --moe-shared-expert-intermediate-size or --num-shared-experts, not both");
+      m.num_shared_experts =
+          dsp::divide(shared_expert_intermediate_size_, m.moe_ffn_hidden_size, "--moe-shared-expert-intermediate-size");
+    }
+    return m;
+  }
+
+ private:
+  using Copy = std::function<void(dsp::model::ModelConfig&, const dsp::model::ModelConfig&)>;
+
+  template <class T>
+  void option(CLI::App& app, const char* name, T dsp::model::ModelConfig::*member, const char* help) {
+    app.add_option(name, model_.*member, help);
+    fields_.emplace_back(name, [member](auto& to, const auto& from) { to.*member = from.*member; });
+  }
+  void flag(CLI::App& app, const char* name, bool dsp::model::ModelConfig::*member, const char* help) {
+    app.add_flag(name, model_.*member, help);
+    fields_.emplace_back(name, [member](auto& to, const auto& from) { to.*member = from.*member; });
+  }
+
+  dsp::model::ModelConfig model_;
+  bool untie_ = false;
+  std::int64_t shared_expert_intermediate_size_ = 0;
+  std::string score_function_ = "softmax";
+  std::vector<std::pair<std::string, Copy>> fields_;  // flag -> copies its field from the flags' model
+};
+
+}  // namespace samples
