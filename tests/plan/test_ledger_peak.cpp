@@ -47,15 +47,6 @@ struct Case {
   model::RecomputeConfig recompute;
 };
 
-// The ledger's RecomputeConfig for the model's.
-plan::RecomputeConfig to_plan(const model::RecomputeConfig& r) {
-  using G = model::RecomputeGranularity;
-  return {r.granularity == G::None        ? plan::RecomputeGranularity::None
-          : r.granularity == G::Selective ? plan::RecomputeGranularity::Selective
-                                          : plan::RecomputeGranularity::Full,
-          r.method == model::RecomputeMethod::Uniform ? plan::RecomputeMethod::Uniform : plan::RecomputeMethod::Block,
-          r.num_layers};
-}
 
 // One rank's step-2 peak, the ledger's total for its pipeline rank and the relative error
 // (ledger - measured) / measured.
@@ -84,7 +75,7 @@ std::vector<RankError> measure(const Case& k) {
   plan.zero_stage = 0;
   plan.micro_batch_size = tc.micro_batch_size;
   plan.global_batch_size = tc.global_batch_size;
-  plan.recompute = to_plan(k.recompute);
+  plan.recompute = k.recompute;
   plan.ddp_bucket_size = tc.ddp.bucket_size_bytes;
   const plan::TrainingPrediction predicted = plan::predict_training(plan);
   for (const plan::RankLedger& r : predicted.ranks)  // the transient part weighs, not only the exact state

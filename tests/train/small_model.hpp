@@ -2,6 +2,8 @@
 // The small model and data the training tests share: a 2-layer decoder on tiny Shakespeare
 // bytes. vocab 127 (ASCII) is not a multiple of 2 or 4, so vocabulary padding is exercised;
 // 2 query groups for 4 heads means that at TP4 every K/V head is replicated on two ranks.
+#include <map>
+#include <mutex>
 #include <string>
 
 #include "dsp/model/config.hpp"
@@ -14,11 +16,19 @@ inline model::ModelConfig small_model(bool tied = false) {
           .ffn_hidden_size = 64, .seq_length = 16, .tie_word_embeddings = tied};
 }
 
-/// tinyshakespeare.txt from the repository's data/ as windows of seq_length tokens.
+/// tinyshakespeare.txt from the repository's data/ as windows of seq_length tokens (read once
+/// per length; safe to call from several threads).
 inline const train::TokenDataset& shakespeare(std::int64_t seq_length) {
-  static const auto data =
-      train::TokenDataset::from_file(std::string(DSP_TEST_DATA_DIR) + "/tinyshakespeare.txt", seq_length);
-  return data;
+  static std::mutex mu;
+  static std::map<std::int64_t, train::TokenDataset> by_length;
+  std::lock_guard lock(mu);
+  auto it = by_length.find(seq_length);
+  if (it == by_length.end())
+    it = by_length
+             .emplace(seq_length, train::TokenDataset::from_file(
+                                      std::string(DSP_TEST_DATA_DIR) + "/tinyshakespeare.txt", seq_length))
+             .first;
+  return it->second;
 }
 
 }  // namespace dsp::test

@@ -36,29 +36,17 @@
 #include "dsp/core/divide.hpp"
 #include "dsp/core/error.hpp"
 #include "dsp/model/config.hpp"
+#include "dsp/model/recompute.hpp"
 #include "dsp/plan/model_state.hpp"
 #include "dsp/pp/layer_split.hpp"
 
 namespace dsp::plan {
 
-enum class RecomputeGranularity { None, Selective, Full };
-enum class RecomputeMethod { Uniform, Block };
+// The trainer's recomputation settings (model/recompute.hpp), planned here.
+using model::RecomputeConfig;
+using model::RecomputeGranularity;
+using model::RecomputeMethod;
 
-/// --recompute-granularity none|selective|full, --recompute-method uniform|block,
-/// --recompute-num-layers N (full only).
-struct RecomputeConfig {
-  RecomputeGranularity granularity = RecomputeGranularity::None;
-  RecomputeMethod method = RecomputeMethod::Uniform;
-  std::int64_t num_layers = 1;
-};
-
-/// "none" | "selective" | "full"; throws ConfigError naming the value otherwise.
-inline RecomputeGranularity recompute_granularity_from_name(const std::string& name) {
-  if (name == "none") return RecomputeGranularity::None;
-  if (name == "selective") return RecomputeGranularity::Selective;
-  if (name == "full") return RecomputeGranularity::Full;
-  throw ConfigError("--recompute-granularity must be none, selective or full, got '" + name + "'");
-}
 inline std::string to_string(RecomputeGranularity g) {
   return g == RecomputeGranularity::None ? "none" : g == RecomputeGranularity::Selective ? "selective" : "full";
 }
