@@ -12,6 +12,7 @@
 
 #include "dsp/core/divide.hpp"
 #include "dsp/model/config.hpp"
+#include "dsp/model/recompute.hpp"
 
 namespace samples {
 
@@ -107,6 +108,31 @@ class ModelFlags {
   std::int64_t shared_expert_intermediate_size_ = 0;
   std::string score_function_ = "softmax";
   std::vector<std::pair<std::string, Copy>> fields_;  // flag -> copies its field from the flags' model
+};
+
+/// --recompute-granularity, --recompute-method, --recompute-num-layers (dsp-train trains with
+/// them, dsp-plan predicts them).
+class RecomputeFlags {
+ public:
+  void add_to(CLI::App& app) {
+    app.add_option("--recompute-granularity", granularity_,
+                   "activation recomputation: none, selective (attention core and MLP activation) or full (whole layers)")
+        ->check(CLI::IsMember({"none", "selective", "full"}));
+    app.add_option("--recompute-method", method_,
+                   "full recomputation: uniform (groups of --recompute-num-layers) or block (the first "
+                   "--recompute-num-layers layers of each stage)")
+        ->check(CLI::IsMember({"uniform", "block"}));
+    app.add_option("--recompute-num-layers", num_layers_,
+                   "layers per recompute group (uniform) or recomputed per stage (block)");
+  }
+  /// Throws ConfigError as RecomputeConfig::from_names.
+  dsp::model::RecomputeConfig config() const {
+    return dsp::model::RecomputeConfig::from_names(granularity_, method_, num_layers_);
+  }
+
+ private:
+  std::string granularity_ = "none", method_ = "uniform";
+  std::int64_t num_layers_ = 1;
 };
 
 }  // namespace samples

@@ -24,8 +24,8 @@ struct Options {
   std::string model_config;
   samples::ModelFlags model_flags;
   int tensor = 1, pipeline = 1, expert = 1, world_size = 0;
-  std::string precision = "bf16", recompute = "none", recompute_method = "uniform";
-  std::int64_t recompute_num_layers = 1;
+  std::string precision = "bf16";
+  samples::RecomputeFlags recompute_flags;
   dsp::plan::TrainingPlan plan;
   int serving_tensor = 0;
   std::int64_t serving_batch = 1, serving_tokens = 0;
@@ -178,11 +178,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   app.add_option("--zero-stage", o.plan.zero_stage, "ZeRO stage 0-3 (optimizer state, + gradients, + parameters sharded over DP)")
       ->check(CLI::Range(0, 3));
-  app.add_option("--recompute-granularity", o.recompute, "none, selective (attention core) or full (layer inputs only)")
-      ->check(CLI::IsMember({"none", "selective", "full"}));
-  app.add_option("--recompute-method", o.recompute_method, "full recomputation: uniform or block")
-      ->check(CLI::IsMember({"uniform", "block"}));
-  app.add_option("--recompute-num-layers", o.recompute_num_layers, "full recomputation: layers per group (uniform) or checkpointed layers per stage (block)");
+  o.recompute_flags.add_to(app);
   app.add_option("--ddp-bucket-size", o.plan.ddp_bucket_size, "gradient bucket bytes");
   app.add_option("--serving-tensor-model-parallel-size", o.serving_tensor, "serving TP (default: the training TP)");
   app.add_option("--serving-batch-size", o.serving_batch, "sequences served at once");
@@ -217,7 +213,7 @@ int main(int argc, char** argv) {
     plan::TrainingPlan base = o.plan;
     base.model = m;
     base.precision = plan::precision_from_name(o.precision);
-    base.recompute = dsp::model::RecomputeConfig::from_names(o.recompute, o.recompute_method, o.recompute_num_layers);
+    base.recompute = o.recompute_flags.config();
     const bool cluster_given = app.count("--gpus-per-node") + app.count("--num-nodes") + app.count("--gpu-memory") > 0;
     o.cluster.gpu_memory_bytes = static_cast<std::int64_t>(o.gpu_memory_gb * 1e9);
     const bool layout_given = app.count("--tensor-model-parallel-size") + app.count("--pipeline-model-parallel-size") > 0;

@@ -41,8 +41,7 @@ struct Options {
   int expert_parallel = 1;
   bool print_schedule = false;
   std::string token_drop_policy = "probs";
-  std::string recompute_granularity = "none", recompute_method = "uniform";
-  std::int64_t recompute_num_layers = 1;
+  samples::RecomputeFlags recompute_flags;
   samples::ModelFlags model_flags;
   dsp::model::ModelConfig model;  // from model_flags
   dsp::train::TrainConfig train;
@@ -73,13 +72,7 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--moe-expert-capacity-factor", o.train.moe.capacity_factor, "expert capacity factor (default: dropless)");
   app.add_option("--moe-token-drop-policy", o.token_drop_policy, "over capacity keep the highest gate weights (probs) or the earliest tokens (position)")
       ->check(CLI::IsMember({"probs", "position"}));
-  app.add_option("--recompute-granularity", o.recompute_granularity,
-                 "activation recomputation: none, selective (attention core and MLP activation) or full (whole layers)")
-      ->check(CLI::IsMember({"none", "selective", "full"}));
-  app.add_option("--recompute-method", o.recompute_method,
-                 "full recomputation: uniform (groups of --recompute-num-layers) or block (the first --recompute-num-layers layers of each stage)")
-      ->check(CLI::IsMember({"uniform", "block"}));
-  app.add_option("--recompute-num-layers", o.recompute_num_layers, "layers per recompute group (uniform) or recomputed per stage (block)");
+  o.recompute_flags.add_to(app);
   app.add_option("--micro-batch-size", o.train.micro_batch_size, "sequences per micro-batch per DP rank");
   app.add_option("--global-batch-size", o.train.global_batch_size, "sequences per optimizer step");
   app.add_option("--train-iters", o.train.train_iters, "optimizer steps");
@@ -283,8 +276,7 @@ int main(int argc, char** argv) {
                                    {"--moe-router-bias-update-rate", "--moe-aux-loss-coeff",
                                     "--moe-expert-capacity-factor", "--moe-token-drop-policy"});
     o.train.ddp.grad_reduce_dtype = dsp::dp::grad_reduce_dtype_from_name(o.grad_reduce_dtype);
-    o.train.recompute =
-        dsp::model::RecomputeConfig::from_names(o.recompute_granularity, o.recompute_method, o.recompute_num_layers);
+    o.train.recompute = o.recompute_flags.config();
     o.train.moe.drop_policy = o.token_drop_policy == "position" ? dsp::ep::DropPolicy::Position : dsp::ep::DropPolicy::Probability;
     train(o);
   });
