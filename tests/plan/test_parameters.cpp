@@ -1,7 +1,7 @@
 // plan::stage_parameters against the parameters real stages allocate: name by name and shape
 // by shape (the list must equal the stage's state_parameters(): parameters(), then the buffers), and the ledger's
 // parameter, gradient and optimizer bytes against the bytes dsp::memory measured while the
-// model and its AdamW were built (fp32, ZeRO 0, DP 1: what dsp trains today). Exact: the
+// model and its AdamW (zero::ZeroOptimizer at stage 0) were built (fp32, ZeRO 0, DP 1: what dsp trains today). Exact: the
 // ledger enumerates the same ShardedTensor specs, so any difference is a bug, not noise.
 // Cases: TP 1/2/4 (vocab 37 padded at TP 2/4; 2 KV heads replicated at TP4), tied and untied,
 // PP 2 (the last stage's tied copy), MoE (first layer dense, shared expert, expert bias) at
@@ -18,7 +18,7 @@
 #include "dsp/model/causal_lm.hpp"
 #include "dsp/plan/ledger.hpp"
 #include "dsp/policy.hpp"
-#include "dsp/zero/adamw.hpp"
+#include "dsp/zero/zero_optimizer.hpp"
 
 using namespace dsp;
 using P = Policy<backend::Host, comm::ThreadComm>;
@@ -83,7 +83,8 @@ TEST_CASE("ledger parameters equal a CausalLM's at TP 1/2/4, tied and untied, wi
         const std::int64_t before = memory::live_bytes();
         model::CausalLM<P> m(c, mesh, 42);
         const std::int64_t model_bytes = memory::live_bytes() - before;
-        zero::AdamW<backend::Host> adam(m.parameters(), {});
+        dp::GradBuckets<comm::ThreadComm> buckets(mesh.data_group(), m.parameters(), {});  // DP 1: no payload
+        zero::ZeroOptimizer<backend::Host, comm::ThreadComm> adam(m.parameters(), {&buckets}, {}, tp, mesh.tp_rank());
         const std::int64_t adam_bytes = memory::live_bytes() - before - model_bytes;
 
         const auto ps = plan::stage_parameters(c, tp, 1, pp::StageLayers::whole(c.num_layers));

@@ -8,23 +8,26 @@
 #include "dsp/backend/host.hpp"
 #include "dsp/comm/launch.hpp"
 #include "dsp/parallel/device_mesh.hpp"
-#include "dsp/zero/adamw.hpp"
-#include "dsp/zero/grad_clip.hpp"
 #include "dsp/zero/lr_schedule.hpp"
+#include "dsp/zero/zero_optimizer.hpp"
 
 using namespace dsp;
 
 TEST_CASE("AdamW first step: bias-corrected m/sqrt(v) = sign(g), plus decoupled weight decay") {
   // step 1: m_hat = g, v_hat = g^2, so p -= lr * (g / (|g| + eps) + wd * p)
-  model::Parameter p(ShardedTensor::replicated("w", {2, 2}), {model::Init::Ones}, 0, 1, 0);
-  p.grad.values() = {0.5f, -2.0f, 1e-3f, 0.0f};
-  zero::AdamW<backend::Host> opt({&p}, {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f});
-  opt.step(0.01f);
-  const float lr = 0.01f, wd = 0.1f;
-  const std::vector<float> g{0.5f, -2.0f, 1e-3f, 0.0f};
-  for (int i = 0; i < 4; ++i)
-    CHECK(p.value[i] == doctest::Approx(1.0f - lr * (g[i] / (std::abs(g[i]) + 1e-8f) + wd * 1.0f)).epsilon(1e-6));
-  CHECK(opt.steps() == 1);
+  comm::launch(1, [](comm::ThreadComm& world) {
+    model::Parameter p(ShardedTensor::replicated("w", {2, 2}), {model::Init::Ones}, 0, 1, 0);
+    p.grad.values() = {0.5f, -2.0f, 1e-3f, 0.0f};
+    dp::GradBuckets<comm::ThreadComm> buckets(world, {&p}, {});
+    zero::ZeroOptimizer<backend::Host, comm::ThreadComm> opt(
+        {&p}, {&buckets}, {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f}, 1, 0);
+    opt.step(0.01f);
+    const float lr = 0.01f, wd = 0.1f;
+    const std::vector<float> g{0.5f, -2.0f, 1e-3f, 0.0f};
+    for (int i = 0; i < 4; ++i)
+      CHECK(p.value[i] == doctest::Approx(1.0f - lr * (g[i] / (std::abs(g[i]) + 1e-8f) + wd * 1.0f)).epsilon(1e-6));
+    CHECK(opt.steps() == 1);
+  });
 }
 
 TEST_CASE("warmup is linear, then cosine from max_lr to min_lr, then flat") {
@@ -53,8 +56,9 @@ TEST_CASE("the global gradient norm counts every element once at TP 1, 2 and 4")
       const auto rows = col.spec.index_map(tp, r);
       for (std::size_t i = 0; i < rows.size(); ++i) col.grad[2 * i] = col.grad[2 * i + 1] = float(rows[i] + 1);
       qkv.grad.fill(2.0f);
-      const zero::GradClipper<backend::Host> clipper({&norm, &col, &qkv}, tp, r);
-      const float n = clipper.global_norm(mesh.tensor_group());
+      dp::GradBuckets<comm::ThreadComm> buckets(mesh.data_group(), {&norm, &col, &qkv}, {});
+      zero::ZeroOptimizer<backend::Host, comm::ThreadComm> opt({&norm, &col, &qkv}, {&buckets}, {}, tp, r);
+      const float n = opt.clip_grad_norm(0.0f, mesh.tensor_group());
       std::lock_guard lk(mu);
       CHECK(n == doctest::Approx(std::sqrt(127.0)).epsilon(1e-6));
     });

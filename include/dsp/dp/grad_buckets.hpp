@@ -13,7 +13,15 @@
 // the reduced gradients are bitwise identical; only when each all-reduce starts differs.
 // With a 16-bit communication dtype every bucket is rounded to bf16 once, all-reduced with
 // fp32 accumulation inside the communicator, and widened back to fp32.
+//
+// ZeRO (zero::ZeroOptimizer, stages 1-3) reduce-scatters instead: each parameter is split over
+// the group as zero/partition.hpp says, a bucket's payload holds rank 0's slices of its
+// parameters, then rank 1's, ..., and each rank receives the summed slices it owns (reduced()).
+// From stage 2 the full gradients are released as soon as they are packed, and the payload
+// lives only from the bucket's launch to finish(): what stays between steps is the owned
+// slice of each gradient.
 #include <cstdint>
+#include <algorithm>
 #include <exception>
 #include <memory>
 #include <span>
@@ -27,6 +35,7 @@
 #include "dsp/core/error.hpp"
 #include "dsp/core/memory.hpp"
 #include "dsp/model/parameter.hpp"
+#include "dsp/zero/partition.hpp"
 
 namespace dsp::dp {
 
@@ -71,9 +80,14 @@ class GradBuckets {
   /// bucket_size_bytes < 1 or the ranks' buckets differ (e.g. different --ddp-bucket-size or
   /// --grad-reduce-dtype). With more than one DP rank it allocates every bucket's payload
   /// (its gradients' elements x 4 bytes, or 2 in bf16), counted as memory::Category::Communication.
+  /// zero_stage >= 1: reduce-scatter into owned slices (reduced()); the payload then has the
+  /// padded size (N x the slices) and is allocated even with one rank; the reduced slices are
+  /// Communication at stage 1 (the full gradients stay) and Gradients from stage 2, where the
+  /// payload exists only while a reduction is in flight and every full gradient is released
+  /// (Tensor{}) once packed: whoever accumulates into it next must allocate it again.
   GradBuckets(Comm& dp, const std::vector<model::Parameter*>& params, DdpConfig config,
-              const model::Parameter* own_bucket = nullptr)
-      : dp_(&dp), config_(config) {
+              const model::Parameter* own_bucket = nullptr, int zero_stage = 0)
+      : dp_(&dp), config_(config), zero_stage_(zero_stage) {
     DSP_CHECK_AS(ConfigError, config.bucket_size_bytes >= 1, "--ddp-bucket-size must be >= 1 byte, got ",
                  config.bucket_size_bytes);
     const std::int64_t elem = config.grad_reduce_dtype == GradReduceDType::Bf16 ? 2 : 4;
@@ -84,19 +98,23 @@ class GradBuckets {
           (buckets_.back().elements > 0 && (buckets_.back().elements * elem + bytes > config.bucket_size_bytes)))
         buckets_.emplace_back();
       Bucket& b = buckets_.back();
-      where_[p] = static_cast<int>(buckets_.size() - 1);
+      const zero::ShardRange range = zero::shard_range(p->grad.numel(), dp.size(), dp.rank());
+      where_[p] = {static_cast<int>(buckets_.size() - 1), b.slice_elements, range};
       b.params.push_back(p);
       b.elements += p->grad.numel();
+      b.slice_elements += range.size;
     }
     std::int64_t elements = 0;
     for (auto& b : buckets_) {
       elements += b.elements;
-      if (dp.size() == 1) continue;  // nothing to communicate: no payload
-      const auto n = static_cast<std::size_t>(b.elements);
-      if (config.grad_reduce_dtype == GradReduceDType::Bf16)
-        b.half = Payload<bf16>(n, memory::CountingAllocator<bf16>(memory::Category::Communication));
-      else
-        b.full = Payload<float>(n, memory::CountingAllocator<float>(memory::Category::Communication));
+      if (sharded()) {
+        b.reduced = Payload<float>(static_cast<std::size_t>(b.slice_elements), 0.0f,
+                                   memory::CountingAllocator<float>(zero_stage >= 2 ? memory::Category::Gradients
+                                                                                   : memory::Category::Communication));
+        if (zero_stage == 1) allocate_payload(b);
+      } else if (dp.size() > 1) {  // with one rank nothing is communicated: no payload
+        allocate_payload(b);
+      }
     }
     if (dp.size() > 1) {  // all ranks must issue the same all-reduces: compare max and min
       const std::int64_t mine[3] = {static_cast<std::int64_t>(buckets_.size()), elements, elem};
@@ -120,6 +138,7 @@ class GradBuckets {
       if (std::uncaught_exceptions() > 0) {
         comm::detail::keep_until_exit(std::move(b.full));  // moved, not copied: the buffers stay where they are
         comm::detail::keep_until_exit(std::move(b.half));
+        comm::detail::keep_until_exit(std::move(b.reduced));
         continue;
       }
       try {
@@ -142,19 +161,32 @@ class GradBuckets {
   void mark_ready(model::Parameter& p) {
     const auto it = where_.find(&p);
     DSP_CHECK(it != where_.end(), "grad buckets: parameter ", p.spec.name, " is not in any bucket");
-    Bucket& b = buckets_[static_cast<std::size_t>(it->second)];
+    Bucket& b = buckets_[static_cast<std::size_t>(it->second.bucket)];
     DSP_CHECK(b.ready < static_cast<int>(b.params.size()), "grad buckets: ", p.spec.name, " reported twice");
     ++b.ready;
     if (config_.overlap_grad_reduce) launch_ready();
   }
 
   /// Starts every bucket not started yet (all of them when overlap is off), waits for all,
-  /// and writes the sums back into the gradients. Call once per step before clipping and
-  /// the optimizer; it also resets the buckets for the next step. Collective over the
-  /// data-parallel group.
+  /// and writes the sums back into the gradients (ZeRO: into the owned slices, reduced()).
+  /// Call once per step before clipping and the optimizer; it also resets the buckets for the
+  /// next step. Collective over the data-parallel group.
   void finish() {
     while (next_launch_ < buckets_.size()) launch(buckets_[next_launch_++]);
     for (auto& b : buckets_) {
+      if (sharded()) {
+        b.work.wait();
+        b.work = comm::Work{};
+        if (!b.half.empty())
+          std::transform(b.half.begin() + b.slice_elements * dp_->rank(),
+                         b.half.begin() + b.slice_elements * (dp_->rank() + 1), b.reduced.begin(),
+                         [](bf16 x) { return static_cast<float>(x); });
+        if (zero_stage_ >= 2) {  // the payload lives only while the reduction is in flight
+          Payload<float>(memory::CountingAllocator<float>(memory::Category::Communication)).swap(b.full);
+          Payload<bf16>(memory::CountingAllocator<bf16>(memory::Category::Communication)).swap(b.half);
+        }
+        continue;
+      }
       if (dp_->size() == 1) continue;
       b.work.wait();
       b.work = comm::Work{};
@@ -167,6 +199,29 @@ class GradBuckets {
     }
     begin_last_micro_batch();  // the next step starts from no bucket launched
   }
+
+  /// ZeRO stage >= 1: the summed gradient of the slice of p this rank owns, its
+  /// ShardRange::valid() elements (valid after finish(), until the next step's reduction of
+  /// p's bucket). Stage 0: p's whole gradient. Throws Error for a parameter in no bucket.
+  std::span<float> reduced(model::Parameter& p) {
+    const auto it = where_.find(&p);
+    DSP_CHECK(it != where_.end(), "grad buckets: parameter ", p.spec.name, " is not in any bucket");
+    if (!sharded()) return p.grad.span();
+    Bucket& b = buckets_[static_cast<std::size_t>(it->second.bucket)];
+    return std::span(b.reduced).subspan(static_cast<std::size_t>(it->second.offset),
+                                        static_cast<std::size_t>(it->second.range.valid()));
+  }
+  /// The slice of p this rank owns (the whole gradient at stage 0). Throws Error as reduced().
+  zero::ShardRange range(const model::Parameter& p) const {
+    const auto it = where_.find(&p);
+    DSP_CHECK(it != where_.end(), "grad buckets: parameter ", p.spec.name, " is not in any bucket");
+    return sharded() ? it->second.range : zero::ShardRange{it->second.range.numel, it->second.range.numel, 0};
+  }
+  /// Whether p is in one of the buckets.
+  bool contains(const model::Parameter& p) const { return where_.contains(&p); }
+  /// The ZeRO stage the buckets reduce for (0: all-reduce of whole gradients).
+  int zero_stage() const { return zero_stage_; }
+  Comm& group() const { return *dp_; }
 
   /// Number of buckets.
   std::size_t size() const { return buckets_.size(); }
@@ -184,12 +239,62 @@ class GradBuckets {
   struct Bucket {
     std::vector<model::Parameter*> params;
     std::int64_t elements = 0;
-    Payload<float> full;  // fp32 payload
-    Payload<bf16> half;   // bf16 payload
+    std::int64_t slice_elements = 0;  // ZeRO: the owned slices of the bucket's parameters, padded
+    Payload<float> full;              // fp32 payload
+    Payload<bf16> half;               // bf16 payload
+    Payload<float> reduced;           // ZeRO: the summed owned slices
     int ready = 0;
     std::int64_t reductions = 0;
     comm::Work work;
   };
+
+  // Where a parameter sits: its bucket, its owned slice's offset in the bucket's reduced
+  // slices and its ShardRange over the group.
+  struct Slot {
+    int bucket = 0;
+    std::int64_t offset = 0;
+    zero::ShardRange range;
+  };
+
+  bool sharded() const { return zero_stage_ >= 1; }
+
+  // The bucket's payload: its elements (ZeRO: N x its padded slices), counted as Communication.
+  void allocate_payload(Bucket& b) {
+    const auto n = static_cast<std::size_t>(sharded() ? b.slice_elements * dp_->size() : b.elements);
+    if (config_.grad_reduce_dtype == GradReduceDType::Bf16)
+      b.half = Payload<bf16>(n, memory::CountingAllocator<bf16>(memory::Category::Communication));
+    else
+      b.full = Payload<float>(n, memory::CountingAllocator<float>(memory::Category::Communication));
+  }
+
+  // ZeRO: packs rank q's slice of every parameter at q x slice_elements + the parameter's
+  // offset (padding zero), releases the full gradients from stage 2, and starts the
+  // reduce-scatter into the owned slices.
+  void launch_sharded(Bucket& b) {
+    if (b.full.empty() && b.half.empty()) allocate_payload(b);
+    const int n = dp_->size();
+    for (auto* p : b.params) {
+      const Slot& slot = where_.at(p);
+      const float* g = p->grad.data();
+      for (int q = 0; q < n; ++q) {
+        const zero::ShardRange r = zero::shard_range(slot.range.numel, n, q);
+        const std::int64_t at = q * b.slice_elements + slot.offset;
+        if (!b.half.empty())
+          for (std::int64_t i = 0; i < r.valid(); ++i) b.half[static_cast<std::size_t>(at + i)] = bf16(g[r.begin + i]);
+        else
+          std::copy(g + r.begin, g + r.begin + r.valid(), b.full.begin() + at);
+      }
+      if (zero_stage_ >= 2) p->grad = Tensor{};
+    }
+    if (!b.half.empty()) {  // reduced in place: this rank's block of the payload
+      const auto mine = std::span(b.half).subspan(static_cast<std::size_t>(b.slice_elements * dp_->rank()),
+                                                  static_cast<std::size_t>(b.slice_elements));
+      b.work = dp_->reduce_scatter_async(std::span<const bf16>(b.half), mine);
+    } else {
+      b.work = dp_->reduce_scatter_async(std::span<const float>(b.full), std::span<float>(b.reduced));
+    }
+    ++b.reductions;
+  }
 
   void launch_ready() {
     while (next_launch_ < buckets_.size() &&
@@ -208,8 +313,10 @@ class GradBuckets {
     }
   }
 
-  // Packs the bucket's gradients into its payload and starts the all-reduce.
+  // Packs the bucket's gradients into its payload and starts the all-reduce (ZeRO: the
+  // reduce-scatter).
   void launch(Bucket& b) {
+    if (sharded()) return launch_sharded(b);
     if (dp_->size() == 1) return;
     for_each_slice(b, [&](const float* g, std::int64_t off, std::int64_t n) {
       if (!b.half.empty())
@@ -224,8 +331,9 @@ class GradBuckets {
 
   Comm* dp_;
   DdpConfig config_;
+  int zero_stage_ = 0;
   std::vector<Bucket> buckets_;
-  std::unordered_map<const model::Parameter*, int> where_;
+  std::unordered_map<const model::Parameter*, Slot> where_;
   std::size_t next_launch_ = 0;
 };
 

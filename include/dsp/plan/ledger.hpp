@@ -29,11 +29,11 @@
 // TP / kv_heads ranks; serve::KvCache allocates exactly this); workspace = logits of a prefill
 // of batch x tokens plus one layer's forward temporaries (estimate).
 //
-// What can be measured today: parameter bytes (exact), fp32 gradients and AdamW moments at
-// ZeRO 0 (exact), fp32 activations without recomputation (dsp::memory counts Tensor storage;
+// What can be measured today: parameter bytes (exact), fp32 parameters, gradients and AdamW
+// moments at ZeRO 0-3 (exact at DP 4, tests/plan/test_ledger_measured.cpp), fp32 activations without recomputation (dsp::memory counts Tensor storage;
 // the fp32 statistics and index vectors kept in std::vector are not counted there), KV cache
 // (exact), the step's peak with and without recomputation (within 10%,
-// tests/plan/test_ledger_peak.cpp). Mixed precision and ZeRO 1-3 are predictions for code to come.
+// tests/plan/test_ledger_peak.cpp). Mixed precision is a prediction for code to come.
 #include <algorithm>
 #include <cstdint>
 #include <string>

@@ -80,6 +80,32 @@ class PipelineStage {
     lm_head_.emplace(tp, *tied_copy_);
   }
 
+  /// ZeRO stages 2 and 3 (zero::ZeroOptimizer::acquire / release): the stage calls acquire with
+  /// the parameters one part of it (the embedding, one block, the final norm with the output
+  /// layer) is about to read, before that part's forward, its backward (backward = true) and
+  /// a full recomputation's re-run, with the part expected next in the same direction (null at
+  /// the end), and release with the same list once the part is done.
+  struct ParameterHooks {
+    std::function<void(const std::vector<Parameter*>& part, const std::vector<Parameter*>* next, bool backward)>
+        acquire;
+    std::function<void(const std::vector<Parameter*>& part)> release;
+  };
+
+  /// Installs the hooks (an empty ParameterHooks removes them); they must outlive their use.
+  void set_parameter_hooks(ParameterHooks hooks) { hooks_ = std::move(hooks); }
+
+  /// The parts acquire() is called with, in forward order: the embedding table (first stage),
+  /// each block's parameters(), the final norm's weight with the output layer's (last stage;
+  /// a tied table is the embedding's or its copy).
+  const std::vector<std::vector<Parameter*>>& parameter_parts() {
+    if (parts_.empty()) {
+      if (embed_) parts_.push_back({&embed_->weight()});
+      for (auto& b : blocks_) parts_.push_back(b->parameters());
+      if (layers_.post_process) parts_.push_back({&final_norm_->weight(), &lm_head_->weight()});
+    }
+    return parts_;
+  }
+
   PipelineStage(const PipelineStage&) = delete;  // layers hold pointers into the stage
   PipelineStage& operator=(const PipelineStage&) = delete;
 
@@ -120,25 +146,35 @@ class PipelineStage {
       if (on_grad_ready && &p != tied_embedding()) (*on_grad_ready)(p);
     };
     Tensor dx;
+    const std::size_t first_block = embed_ ? 1 : 0;  // parameter_parts() index of block 0
     if (!layers_.post_process) {
       dx = dy;
     } else {
+      const std::size_t head = parameter_parts().size() - 1;
+      acquire(head, head > 0 ? std::optional(head - 1) : std::nullopt, true);
       dx = lm_head_->backward(act.normed, loss_.backward(act.logits, act.targets, dy.span(), act.loss));
       if (!config_.tie_word_embeddings) ready(lm_head_->weight());
       dx = final_norm_->backward(dx, act.final_norm);
       ready(final_norm_->weight());
+      release(head);
     }
     for (std::size_t l = blocks_.size(); l-- > 0;) {
+      const std::size_t part = first_block + l;
+      acquire(part, part > 0 ? std::optional(part - 1) : std::nullopt, true);
       recompute_group_ending_at(l, act);
       dx = blocks_[l]->backward(act.ctx, dx, act.blocks[l]);
       act.blocks[l] = {};  // this layer's activations are spent
-      if (!on_grad_ready) continue;
-      if (kv_replicas_) kv_replicas_->all_reduce(blocks_[l]->replicated_kv_grad());
-      for (auto* p : blocks_[l]->parameters()) ready(*p);
+      if (on_grad_ready) {
+        if (kv_replicas_) kv_replicas_->all_reduce(blocks_[l]->replicated_kv_grad());
+        for (auto* p : blocks_[l]->parameters()) ready(*p);
+      }
+      release(part);
     }
     if (embed_) {
+      acquire(0, std::nullopt, true);
       embed_->backward(act.ids, dx);
       ready(embed_->weight());
+      release(0);
       dx = Tensor{};
     }
     act = Activations{};
@@ -221,7 +257,13 @@ class PipelineStage {
   // act: keeps what backward needs (null: inference). Throws Error when x (on a stage without
   // the embedding) is not [ctx.tokens(), hidden].
   Tensor run(const model::ForwardContext& ctx, const std::vector<std::int32_t>& ids, Tensor x, Activations* act) {
-    if (embed_) x = embed_->forward(ids);
+    const std::size_t first_block = embed_ ? 1 : 0, parts = parameter_parts().size();
+    const auto next = [&](std::size_t part) { return part + 1 < parts ? std::optional(part + 1) : std::nullopt; };
+    if (embed_) {
+      acquire(0, next(0), false);
+      x = embed_->forward(ids);
+      release(0);
+    }
     DSP_CHECK(x.rank() == 2 && x.dim(0) == ctx.tokens() && x.dim(1) == config_.hidden_size, "pipeline stage input ",
               shape_str(x.shape()), " is not [", ctx.tokens(), ", ", config_.hidden_size, "]");
     if (act) {
@@ -232,11 +274,16 @@ class PipelineStage {
     for (std::int64_t l = 0; l < n; ++l) {
       const auto group = act ? ctx.recompute.group(l, n) : std::nullopt;  // full recomputation
       if (group && group->first == l) act->group_inputs[static_cast<std::size_t>(l)] = x;
+      const std::size_t part = first_block + static_cast<std::size_t>(l);
+      acquire(part, next(part), false);
       x = blocks_[static_cast<std::size_t>(l)]->forward(ctx, x, act && !group ? &act->blocks[static_cast<std::size_t>(l)] : nullptr);
+      release(part);
     }
     if (!layers_.post_process) return x;
+    acquire(parts - 1, std::nullopt, false);
     Tensor normed = final_norm_->forward(x, act ? &act->final_norm : nullptr);
     Tensor logits = lm_head_->forward(normed);
+    release(parts - 1);
     if (act) act->normed = std::move(normed);
     return logits;
   }
@@ -251,8 +298,21 @@ class PipelineStage {
     model::ForwardContext ctx = act.ctx;
     ctx.recomputing = true;
     Tensor x = std::move(act.group_inputs[static_cast<std::size_t>(group->first)]);
-    for (std::int64_t k = group->first; k < group->second; ++k)
+    const std::size_t first_block = embed_ ? 1 : 0;
+    for (std::int64_t k = group->first; k < group->second; ++k) {
+      const std::size_t part = first_block + static_cast<std::size_t>(k);
+      acquire(part, std::nullopt, true);
       x = blocks_[static_cast<std::size_t>(k)]->forward(ctx, x, &act.blocks[static_cast<std::size_t>(k)]);
+      release(part);
+    }
+  }
+
+  // The hooks around part `part` of parameter_parts() (nothing without hooks).
+  void acquire(std::size_t part, std::optional<std::size_t> next, bool backward) {
+    if (hooks_.acquire) hooks_.acquire(parts_[part], next ? &parts_[*next] : nullptr, backward);
+  }
+  void release(std::size_t part) {
+    if (hooks_.release) hooks_.release(parts_[part]);
   }
 
   static const model::ModelConfig& checked(const model::ModelConfig& c, int tp, const StageLayers& layers) {
@@ -275,6 +335,8 @@ class PipelineStage {
   tp::VocabParallelCrossEntropy<Policy> loss_;
   std::unique_ptr<Comm> kv_replicas_;
   std::unique_ptr<Comm> own_ep_;  // expert-parallel group of one when none was given
+  ParameterHooks hooks_;
+  std::vector<std::vector<Parameter*>> parts_;  // parameter_parts(), built on first use
 };
 
 }  // namespace dsp::pp

@@ -6,7 +6,10 @@
 // names; loading reads them at any TP and PP size (the manifest holds every split, and each
 // rank reads the global tensors of the layers it holds). Routed experts split over an
 // expert-parallel group are sent to its first rank (DP rank 0) before writing, so the files
-// hold every expert and load at any expert-parallel size.
+// hold every expert and load at any expert-parallel size. With ZeRO (stages 1-3) the moments
+// (and at stage 3 the parameters) are partitioned over data parallelism: every DP rank first
+// all-gathers them into whole tensors, so the files are the same at every ZeRO stage and DP
+// size and a checkpoint loads at any of them; the padding of the partitions is never saved.
 #include <deque>
 #include <filesystem>
 #include <optional>
@@ -18,6 +21,21 @@
 #include "dsp/train/trainer.hpp"
 
 namespace dsp::train {
+
+namespace detail {
+// While it lives, the optimizer's partitioned state is whole (ZeroOptimizer::
+// gather_for_checkpoint); at its end, also when an exception unwinds, partitioned again,
+// taking the whole tensors' values when `loaded`.
+template <class Optimizer>
+struct WholeOptimizerState {
+  explicit WholeOptimizerState(Optimizer& o) : optimizer(o) { optimizer.gather_for_checkpoint(); }
+  ~WholeOptimizerState() { optimizer.partition_after_checkpoint(loaded); }
+  WholeOptimizerState(const WholeOptimizerState&) = delete;
+  WholeOptimizerState& operator=(const WholeOptimizerState&) = delete;
+  Optimizer& optimizer;
+  bool loaded = false;
+};
+}  // namespace detail
 
 /// Parameters and both AdamW moments ("optimizer.exp_avg.<name>", "optimizer.exp_avg_sq.<name>",
 /// split like the parameter) of this rank, all its pipeline chunks; for saving without tied
@@ -79,6 +97,7 @@ checkpoint::State with_all_experts(const checkpoint::State& state, Comm& ep, std
 template <class Policy>
 void save_checkpoint(const std::filesystem::path& dir, Trainer<Policy>& t) {
   auto& mesh = t.mesh();
+  detail::WholeOptimizerState whole(t.optimizer());
   std::deque<Tensor> gathered;
   checkpoint::State state;
   if (mesh.dp_rank() < mesh.ep_size()) {  // the expert group of DP replica 0
@@ -112,7 +131,7 @@ void save_checkpoint(const std::filesystem::path& dir, Trainer<Policy>& t) {
   mesh.data_group().barrier();  // nobody reads `dir` before it is complete
 }
 
-/// Resumes from `dir` (saved at any TP and PP size): parameters, moments, optimizer step and data
+/// Resumes from `dir` (saved at any TP, PP, DP size and ZeRO stage): parameters, moments, optimizer step and data
 /// position. Throws CheckpointError for a missing, truncated or corrupted checkpoint or one
 /// of another model config or seed.
 template <class Policy>
@@ -121,7 +140,11 @@ void load_checkpoint(const std::filesystem::path& dir, Trainer<Policy>& t) {
   checkpoint::check_model_config(dir, m, t.model_config());
   DSP_CHECK_AS(CheckpointError, m.meta.extra.contains("sampler") && m.meta.extra.value("seed", std::uint64_t{0}) == t.config().seed,
                "checkpoint ", dir.string(), " holds no training state for seed ", t.config().seed);
-  checkpoint::load_into(dir, training_state(t, checkpoint::StateUse::Load), t.mesh().tp_size(), t.mesh().tp_rank());
+  {
+    detail::WholeOptimizerState whole(t.optimizer());
+    checkpoint::load_into(dir, training_state(t, checkpoint::StateUse::Load), t.mesh().tp_size(), t.mesh().tp_rank());
+    whole.loaded = true;
+  }
   t.optimizer().set_steps(m.meta.iteration);
   t.sampler().set_state(m.meta.extra.at("sampler").get<dp::DataSampler::State>());
 }

@@ -12,6 +12,8 @@
 //   MoE models: routed experts split over the expert-parallel group (tokens exchanged by
 //   all-to-all inside the layers); expert gradients reduce over the expert-data-parallel
 //   group, everything else over DP; the clipping norm counts every expert once;
+//   with ZeRO (--zero-stage 1-3) the buckets reduce-scatter and zero::ZeroOptimizer updates the
+//   owned slices (and gathers parameters per part at stage 3);
 //   clip the global gradient norm; AdamW with the warmup + cosine learning rate; then the
 //   auxiliary-loss-free expert-bias update from the step's global expert load.
 // The loss is normalised by the global number of loss tokens (every micro-batch on every
@@ -38,9 +40,8 @@
 #include "dsp/pp/pipeline_config.hpp"
 #include "dsp/pp/pipeline_stage.hpp"
 #include "dsp/train/token_dataset.hpp"
-#include "dsp/zero/adamw.hpp"
-#include "dsp/zero/grad_clip.hpp"
 #include "dsp/zero/lr_schedule.hpp"
+#include "dsp/zero/zero_optimizer.hpp"
 
 namespace dsp::train {
 
@@ -66,6 +67,9 @@ struct TrainConfig {
   float moe_router_bias_update_rate = 1e-3f;
   /// --recompute-granularity, --recompute-method, --recompute-num-layers.
   model::RecomputeConfig recompute;
+  /// --zero-stage: how much of the model state is partitioned over data parallelism
+  /// (zero::ZeroOptimizer: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters).
+  int zero_stage = 0;
 };
 
 /// One MoE layer's routing over a whole step, summed over every data-parallel rank.
@@ -134,10 +138,9 @@ class Trainer {
                                   tc.pipeline.virtual_size(config.num_layers, mesh.pp_size()),
                                   static_cast<int>(sampler_.accumulation_steps())),
                 {tc.micro_batch_size * config.seq_length, config.hidden_size}),
-        optimizer_(parameters(), tc.adam),
-        clipper_(parameters(), mesh.tp_size(), mesh.tp_rank()),
-        buckets_(mesh.data_group(), grad_ready_order(false), tc.ddp, tied_embedding()),
-        expert_buckets_(mesh.expert_data_group(), grad_ready_order(true), tc.ddp),
+        buckets_(mesh.data_group(), grad_ready_order(false), tc.ddp, tied_embedding(), checked_stage(tc.zero_stage)),
+        expert_buckets_(mesh.expert_data_group(), grad_ready_order(true), tc.ddp, nullptr, tc.zero_stage),
+        optimizer_(parameters(), {&buckets_, &expert_buckets_}, tc.adam, mesh.tp_size(), mesh.tp_rank()),
         schedule_{tc.lr, tc.min_lr, tc.lr_warmup_iters, tc.lr_decay_iters > 0 ? tc.lr_decay_iters : tc.train_iters} {
     DSP_CHECK_AS(ConfigError, data.seq_length() == config.seq_length, "data windows of ", data.seq_length(),
                  " tokens do not match --seq-length ", config.seq_length);
@@ -148,6 +151,11 @@ class Trainer {
       const int p = mesh.pp_size(), r = mesh.pp_rank();
       embedding_group_ = std::make_unique<Comm>(mesh.pipeline_group().split(r == 0 || r == p - 1 ? 0 : 1, r));
     }
+    if (tc.zero_stage >= 2)  // gradients made on demand (stage 2) and parameters gathered (stage 3) per part
+      for (auto& s : stages_)
+        s->set_parameter_hooks(
+            {[this](const auto& part, const auto* next, bool backward) { optimizer_.acquire(part, next, backward); },
+             [this](const auto& part) { optimizer_.release(part); }});
   }
 
   /// One optimizer step over the next global batch. Collective over the mesh.
@@ -208,7 +216,7 @@ class Trainer {
     StepResult r;
     {
       trace::Span span("clip_grad", trace::Kind::Compute);
-      r.grad_norm = clipper_.clip(mesh_->model_group(), tc_.clip_grad, &mesh_->expert_group());
+      r.grad_norm = optimizer_.clip_grad_norm(tc_.clip_grad, mesh_->model_group(), &mesh_->expert_group());
     }
     r.lr = schedule_(optimizer_.steps());
     {
@@ -283,7 +291,7 @@ class Trainer {
     return out;
   }
   const model::ModelConfig& model_config() const { return stages_.front()->config(); }
-  zero::AdamW<Backend>& optimizer() { return optimizer_; }
+  zero::ZeroOptimizer<Backend, Comm>& optimizer() { return optimizer_; }
   dp::DataSampler& sampler() { return sampler_; }
   const dp::GradBuckets<Comm>& grad_buckets() const { return buckets_; }
   /// Buckets of the routed experts' gradients, over the expert-data-parallel group.
@@ -320,6 +328,11 @@ class Trainer {
     for (std::size_t s = static_cast<std::size_t>(mesh.pp_rank()); s < layers.size(); s += static_cast<std::size_t>(p))
       out.push_back(std::make_unique<Stage>(config, mesh.tensor_group(), layers[s], tc.seed, &mesh.expert_group()));
     return out;
+  }
+
+  static int checked_stage(int stage) {
+    zero::validate_zero_stage(stage);
+    return stage;
   }
 
   Stage& chunk(int virtual_stage) { return *stages_[static_cast<std::size_t>(engine_.schedule().chunk_of(virtual_stage))]; }
@@ -408,10 +421,9 @@ class Trainer {
   std::vector<std::unique_ptr<Stage>> stages_;
   dp::DataSampler sampler_;
   pp::Engine<Comm> engine_;
-  zero::AdamW<Backend> optimizer_;
-  zero::GradClipper<Backend> clipper_;
   dp::GradBuckets<Comm> buckets_;         // over DP: everything but the routed experts
   dp::GradBuckets<Comm> expert_buckets_;  // over expert-data parallelism: the routed experts
+  zero::ZeroOptimizer<Backend, Comm> optimizer_;
   zero::WarmupCosine schedule_;
   std::unique_ptr<Comm> embedding_group_;  // first and last pipeline rank (tied embeddings over stages)
 };

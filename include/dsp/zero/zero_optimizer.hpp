@@ -1,0 +1,344 @@
+#pragma once
+// ZeroOptimizer: AdamW whose state is partitioned over the data-parallel group, the Zero
+// Redundancy Optimizer of Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training
+// Trillion Parameter Models", SC'20, section 5 (P_os, P_os+g, P_os+g+p):
+//   stage 0  every rank holds whole gradients and moments (plain data parallelism: the
+//            buckets all-reduce);
+//   stage 1  Adam moments partitioned: the buckets reduce-scatter, each rank updates the
+//            slice of every parameter it owns (zero/partition.hpp) and all-gathers the
+//            parameters after the step;
+//   stage 2  gradients partitioned too: a full gradient exists only from the first backward
+//            that reaches its part of the model (acquire) until its bucket is packed for the
+//            reduce-scatter; what stays is the owned slice;
+//   stage 3  parameters partitioned too: each rank keeps its slices; a part's parameters
+//            (embedding, one block, the output head; pp::PipelineStage::parameter_parts) are
+//            all-gathered just before its forward and its backward and freed after, and the
+//            part expected next is gathered in the background meanwhile (prefetch).
+// Routed experts are partitioned over the expert-data-parallel group (their own buckets).
+// In fp32 the master weights are the parameters themselves (no separate copy).
+//
+// Gradient-norm clipping (Pascanu et al. 2013) is here too, because which elements a rank
+// holds depends on the stage: each global element counts once (replicated parameters on TP
+// rank 0 only, K/V heads replicated over TP on the first rank holding them, a tied copy on the
+// other stage not at all; a routed expert on the one rank of its expert-parallel group).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+#include "dsp/backend/host/adamw.hpp"
+#include "dsp/backend/host/elementwise.hpp"
+#include "dsp/comm/communicator.hpp"
+#include "dsp/core/error.hpp"
+#include "dsp/dp/grad_buckets.hpp"
+#include "dsp/model/parameter.hpp"
+#include "dsp/zero/partition.hpp"
+
+namespace dsp::zero {
+
+/// Hyper-parameters (Megatron names: --adam-beta1, --adam-beta2, --adam-eps, --weight-decay).
+struct AdamWConfig {
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0.1f;  ///< decoupled; not applied to 1-D parameters (norms)
+};
+
+/// Throws ConfigError unless stage is 0, 1, 2 or 3 (--zero-stage).
+inline void validate_zero_stage(int stage) {
+  DSP_CHECK_AS(ConfigError, stage >= 0 && stage <= 3, "--zero-stage must be 0, 1, 2 or 3, got ", stage);
+}
+
+template <class Backend, comm::Communicator Comm>
+class ZeroOptimizer {
+ public:
+  using Buckets = dp::GradBuckets<Comm>;
+
+  /// params: this rank's parameters, each in exactly one of `buckets`, which were all built for
+  /// the same ZeRO stage (GradBuckets' zero_stage); buckets.front() must be over the
+  /// data-parallel group (the group clipping sums partitioned squares over). tp_size, tp_rank:
+  /// this rank's place in the tensor-parallel group (which elements it owns for the norm).
+  /// From stage 2 releases every gradient; at stage 3 keeps only the owned slice of every
+  /// parameter (counted as Parameters) and frees the rest. Moments: the owned slices
+  /// (OptimizerState). Throws Error for a parameter in no bucket or buckets of mixed stages.
+  ZeroOptimizer(std::vector<model::Parameter*> params, std::vector<Buckets*> buckets, AdamWConfig config,
+                int tp_size, int tp_rank)
+      : config_(config), stage_(buckets.at(0)->zero_stage()), data_(&buckets.front()->group()) {
+    for (auto* b : buckets)
+      DSP_CHECK(b->zero_stage() == stage_, "zero: gradient buckets for stages ", stage_, " and ", b->zero_stage());
+    for (auto* p : params) {
+      Slot s;
+      s.p = p;
+      for (auto* b : buckets)
+        if (b->contains(*p)) s.buckets = b;
+      DSP_CHECK(s.buckets, "zero: parameter ", p->spec.name, " is in no gradient bucket");
+      s.range = s.buckets->range(*p);
+      s.shape = p->value.shape();
+      const Shape moment = stage_ == 0 ? s.shape : Shape{s.range.size};
+      s.exp_avg = Tensor(moment, memory::Category::OptimizerState);
+      s.exp_avg_sq = Tensor(moment, memory::Category::OptimizerState);
+      auto w = ownership_weights(p->spec, tp_size, tp_rank);
+      if (!std::all_of(w.begin(), w.end(), [](float x) { return x == 1.0f; })) s.weights = std::move(w);
+      if (stage_ >= 2) p->grad = Tensor{};
+      if (stage_ == 3) {
+        s.shard = Tensor({s.range.size}, memory::Category::Parameters);
+        std::copy_n(p->value.data() + s.range.begin, s.range.valid(), s.shard.data());
+        p->value = Tensor{};
+      }
+      index_[p] = slots_.size();
+      slots_.push_back(std::move(s));
+    }
+  }
+  ZeroOptimizer(const ZeroOptimizer&) = delete;
+  ZeroOptimizer& operator=(const ZeroOptimizer&) = delete;
+  ~ZeroOptimizer() { drop_prefetch(); }
+
+  int stage() const { return stage_; }
+
+  /// L2 norm of the global gradient (reduced over data parallelism: after the buckets'
+  /// finish()), then, when max_norm > 0 and the norm exceeds it, every gradient this rank
+  /// updates from scaled by max_norm / (norm + 1e-6). Sums of squares are fp64; at stage 0 the
+  /// routed experts' part is summed over the expert-parallel group `ep` (null: EP 1), from
+  /// stage 1 every part over the data-parallel group (each element has one owner there), then
+  /// over the model-parallel group `mp`. Collective over those groups. Returns the norm before
+  /// clipping.
+  float clip_grad_norm(float max_norm, Comm& mp, Comm* ep = nullptr) {
+    std::vector<double> sq{0.0, 0.0};  // (others, routed experts)
+    for (auto& s : slots_) {
+      if (s.p->tied_copy) continue;  // its owner on the first stage counts it
+      const std::span<float> g = grad(s);
+      sq[s.p->expert ? 1 : 0] += sum_squares(Backend{}, static_cast<std::int64_t>(g.size()), g.data(),
+                                             s.weights.empty() ? nullptr : s.weights.data() + s.range.begin);
+    }
+    if (stage_ == 0 && ep && ep->size() > 1) ep->all_reduce(std::span(sq).subspan(1));
+    sq[0] += sq[1];
+    if (stage_ >= 1 && data_->size() > 1) data_->all_reduce(std::span(sq).first(1));
+    mp.all_reduce(std::span(sq).first(1));
+    const float norm = static_cast<float>(std::sqrt(sq[0]));
+    if (max_norm > 0.0f && norm > max_norm) {
+      const float f = max_norm / (norm + 1e-6f);
+      for (auto& s : slots_) {
+        const std::span<float> g = grad(s);
+        scale(Backend{}, static_cast<std::int64_t>(g.size()), f, g.data());
+      }
+    }
+    return norm;
+  }
+
+  /// One AdamW update (backend::adamw_update) of the slice of every parameter this rank owns,
+  /// from its reduced (and clipped) gradient; at stages 1 and 2 then all-gathers the
+  /// parameters over their groups. Collective over the buckets' groups from stage 1.
+  void step(float lr) {
+    drop_prefetch();
+    ++step_;
+    for (auto& s : slots_) {
+      const std::span<float> g = grad(s);
+      adamw_update(Backend{}, static_cast<std::int64_t>(g.size()), owned_values(s), g.data(), s.exp_avg.data(),
+                   s.exp_avg_sq.data(), lr, config_.beta1, config_.beta2, config_.eps,
+                   s.p->weight_decay ? config_.weight_decay : 0.0f, step_);
+    }
+    if (stage_ == 1 || stage_ == 2) gather_parameters();
+  }
+
+  /// pp::PipelineStage::ParameterHooks::acquire. From stage 2, before a backward: allocates the
+  /// zero gradient of each parameter of `part` that has none. At stage 3: makes each
+  /// parameter of `part` whole (the all-gather started for it as the last `next`, or one now)
+  /// and starts gathering `next` in the background. Collective over the parameters' groups:
+  /// every data-parallel rank makes the same calls (same schedule), so the gathers match.
+  void acquire(const std::vector<model::Parameter*>& part, const std::vector<model::Parameter*>* next, bool backward) {
+    if (stage_ >= 2 && backward)
+      for (auto* p : part)
+        if (p->grad.empty()) p->grad = Tensor(slot(*p).shape, memory::Category::Gradients);
+    if (stage_ < 3) return;
+    std::vector<Gather> now;
+    if (prefetched_ == &part) {
+      now = std::move(prefetch_);
+      prefetched_ = nullptr;
+    } else {
+      drop_prefetch();
+      now = start_gather(part);
+    }
+    finish_gather(now);
+    for (auto* p : part) ++slot(*p).refs;
+    if (next) {
+      prefetch_ = start_gather(*next);
+      prefetched_ = next;
+    }
+  }
+  /// pp::PipelineStage::ParameterHooks::release: at stage 3 frees each parameter of `part` no
+  /// other acquired part still reads.
+  void release(const std::vector<model::Parameter*>& part) {
+    if (stage_ < 3) return;
+    for (auto* p : part) {
+      Slot& s = slot(*p);
+      DSP_CHECK(s.refs > 0, "zero: parameter ", p->spec.name, " released more often than acquired");
+      if (--s.refs == 0) p->value = Tensor{};
+    }
+  }
+
+  /// For a checkpoint: makes every parameter whole (stage 3) and builds each parameter's whole
+  /// moments (stage >= 1; exp_avg(i) then returns them). Collective over the groups. Undo with
+  /// partition_after_checkpoint.
+  void gather_for_checkpoint() {
+    drop_prefetch();
+    if (stage_ == 0) return;
+    std::vector<model::Parameter*> all;
+    for (auto& s : slots_) all.push_back(s.p);
+    if (stage_ == 3) acquire(all, nullptr, false);
+    for (auto& s : slots_) {
+      s.full_exp_avg = whole(s, s.exp_avg);
+      s.full_exp_avg_sq = whole(s, s.exp_avg_sq);
+    }
+  }
+  /// After gather_for_checkpoint: when `loaded`, takes this rank's slices of the (now loaded)
+  /// whole parameters and moments; then frees what gather_for_checkpoint made whole.
+  void partition_after_checkpoint(bool loaded) {
+    if (stage_ == 0) return;
+    for (auto& s : slots_) {
+      if (loaded) {
+        std::copy_n(s.full_exp_avg.data() + s.range.begin, s.range.valid(), s.exp_avg.data());
+        std::copy_n(s.full_exp_avg_sq.data() + s.range.begin, s.range.valid(), s.exp_avg_sq.data());
+        if (stage_ == 3) std::copy_n(s.p->value.data() + s.range.begin, s.range.valid(), s.shard.data());
+      }
+      s.full_exp_avg = Tensor{};
+      s.full_exp_avg_sq = Tensor{};
+    }
+    if (stage_ != 3) return;
+    std::vector<model::Parameter*> all;
+    for (auto& s : slots_) all.push_back(s.p);
+    release(all);
+  }
+
+  /// Optimizer steps taken so far.
+  std::int64_t steps() const { return step_; }
+  void set_steps(std::int64_t s) { step_ = s; }
+  /// The parameters, in the order given.
+  std::vector<model::Parameter*> parameters() const {
+    std::vector<model::Parameter*> out;
+    for (const auto& s : slots_) out.push_back(s.p);
+    return out;
+  }
+  /// First and second moments of parameter i, of its whole local shape: at stage 0 always,
+  /// from stage 1 between gather_for_checkpoint and partition_after_checkpoint.
+  Tensor& exp_avg(std::size_t i) { return stage_ == 0 ? slots_.at(i).exp_avg : slots_.at(i).full_exp_avg; }
+  Tensor& exp_avg_sq(std::size_t i) { return stage_ == 0 ? slots_.at(i).exp_avg_sq : slots_.at(i).full_exp_avg_sq; }
+  /// The slice of parameter i this rank owns (the whole parameter at stage 0).
+  ShardRange range(std::size_t i) const { return slots_.at(i).range; }
+
+ private:
+  template <class T>
+  using Buffer = std::vector<T, memory::CountingAllocator<T>>;
+
+  struct Slot {
+    model::Parameter* p = nullptr;
+    Buckets* buckets = nullptr;
+    ShardRange range;
+    Shape shape;                     // the whole local shape
+    Tensor exp_avg, exp_avg_sq;      // the owned slice (whole at stage 0)
+    Tensor shard;                    // stage 3: the owned slice of the parameter
+    std::vector<float> weights;      // ownership weights of the whole local shard (empty: all owned)
+    int refs = 0;                    // stage 3: acquired parts reading the parameter
+    Tensor full_exp_avg, full_exp_avg_sq;  // whole moments while a checkpoint is written or read
+  };
+
+  // A background all-gather of one parameter's slices (stage 3).
+  struct Gather {
+    Slot* slot = nullptr;
+    Buffer<float> all;  // N x slice, rank-major
+    comm::Work work;
+  };
+
+  Slot& slot(const model::Parameter& p) {
+    const auto it = index_.find(&p);
+    DSP_CHECK(it != index_.end(), "zero: parameter ", p.spec.name, " is not this optimizer's");
+    return slots_[it->second];
+  }
+
+  std::span<float> grad(Slot& s) { return s.buckets->reduced(*s.p); }
+
+  // The owned elements of the parameter's values.
+  float* owned_values(Slot& s) { return stage_ == 3 ? s.shard.data() : s.p->value.data() + s.range.begin; }
+
+  // Starts all-gathering every parameter of `part` that is not whole yet.
+  std::vector<Gather> start_gather(const std::vector<model::Parameter*>& part) {
+    std::vector<Gather> out;
+    for (auto* p : part) {
+      Slot& s = slot(*p);
+      if (!p->value.empty() || std::any_of(out.begin(), out.end(), [&](const Gather& g) { return g.slot == &s; }))
+        continue;
+      Comm& group = s.buckets->group();
+      Gather& g = out.emplace_back();
+      g.slot = &s;
+      g.all = Buffer<float>(static_cast<std::size_t>(s.range.size * group.size()), 0.0f,
+                            memory::CountingAllocator<float>(memory::Category::Communication));
+      g.work = group.all_gather_async(std::span<const float>(s.shard.span()), std::span<float>(g.all));
+    }
+    return out;
+  }
+  // Waits for the gathers and makes their parameters whole (unless something else did).
+  static void finish_gather(std::vector<Gather>& gathers) {
+    for (auto& g : gathers) {
+      g.work.wait();
+      model::Parameter& p = *g.slot->p;
+      if (!p.value.empty()) continue;
+      p.value = Tensor(g.slot->shape, memory::Category::Parameters);
+      std::copy_n(g.all.begin(), p.value.numel(), p.value.data());
+    }
+    gathers.clear();
+  }
+  // Waits for a prefetch nobody asked for and forgets it.
+  void drop_prefetch() {
+    for (auto& g : prefetch_) g.work.wait();
+    prefetch_.clear();
+    prefetched_ = nullptr;
+  }
+
+  // Stages 1 and 2, after the update: every rank's slices of every parameter to every rank of
+  // its group, all gathers in flight at once, then unpacked.
+  void gather_parameters() {
+    struct Out {
+      Slot* slot;
+      Buffer<float> mine, all;
+      comm::Work work;
+    };
+    std::vector<Out> outs;
+    outs.reserve(slots_.size());
+    for (auto& s : slots_) {
+      const int n = s.buckets->group().size();
+      Out& o = outs.emplace_back(Out{&s, Buffer<float>(static_cast<std::size_t>(s.range.size), 0.0f,
+                                                       memory::CountingAllocator<float>(memory::Category::Communication)),
+                                     Buffer<float>(static_cast<std::size_t>(s.range.size * n), 0.0f,
+                                                   memory::CountingAllocator<float>(memory::Category::Communication)),
+                                     {}});
+      std::copy_n(s.p->value.data() + s.range.begin, s.range.valid(), o.mine.begin());
+      o.work = s.buckets->group().all_gather_async(std::span<const float>(o.mine), std::span<float>(o.all));
+    }
+    for (auto& o : outs) {
+      o.work.wait();
+      std::copy_n(o.all.begin(), o.slot->p->value.numel(), o.slot->p->value.data());
+    }
+  }
+
+  // The whole local tensor of a partitioned buffer (slices all-gathered over the group).
+  static Tensor whole(Slot& s, const Tensor& slice) {
+    Comm& group = s.buckets->group();
+    Buffer<float> all(static_cast<std::size_t>(s.range.size * group.size()), 0.0f,
+                      memory::CountingAllocator<float>(memory::Category::Communication));
+    group.all_gather(std::span<const float>(slice.span()), std::span<float>(all));
+    Tensor out(s.shape, memory::Category::OptimizerState);
+    std::copy_n(all.begin(), out.numel(), out.data());
+    return out;
+  }
+
+  AdamWConfig config_;
+  int stage_;
+  Comm* data_;
+  std::vector<Slot> slots_;
+  std::unordered_map<const model::Parameter*, std::size_t> index_;
+  std::vector<Gather> prefetch_;
+  const std::vector<model::Parameter*>* prefetched_ = nullptr;
+  std::int64_t step_ = 0;
+};
+
+}  // namespace dsp::zero
