@@ -124,6 +124,7 @@ void save_checkpoint(const std::filesystem::path& dir, Trainer<Policy>& t) {
       meta.layout = mesh.layout();
       meta.iteration = t.iteration();
       meta.extra = {{"sampler", t.sampler().state()}, {"seed", t.config().seed}};
+      if (auto* scaler = t.loss_scaler()) meta.extra["loss_scaler"] = scaler->state();
       checkpoint::write_manifest_and_commit(*staging, meta);
     }
     mp.barrier();
@@ -131,9 +132,10 @@ void save_checkpoint(const std::filesystem::path& dir, Trainer<Policy>& t) {
   mesh.data_group().barrier();  // nobody reads `dir` before it is complete
 }
 
-/// Resumes from `dir` (saved at any TP, PP, DP size and ZeRO stage): parameters, moments, optimizer step and data
-/// position. Throws CheckpointError for a missing, truncated or corrupted checkpoint or one
-/// of another model config or seed.
+/// Resumes from `dir` (saved at any TP, PP, DP size and ZeRO stage): parameters, moments,
+/// optimizer step, data position and the loss scaler's state (when both runs scale the loss).
+/// Throws CheckpointError for a missing, truncated or corrupted checkpoint or one of another
+/// model config or seed.
 template <class Policy>
 void load_checkpoint(const std::filesystem::path& dir, Trainer<Policy>& t) {
   const checkpoint::Manifest m = checkpoint::read_manifest(dir);  // load_into verifies every file
@@ -147,6 +149,8 @@ void load_checkpoint(const std::filesystem::path& dir, Trainer<Policy>& t) {
   }
   t.optimizer().set_steps(m.meta.iteration);
   t.sampler().set_state(m.meta.extra.at("sampler").get<dp::DataSampler::State>());
+  if (auto* scaler = t.loss_scaler(); scaler && m.meta.extra.contains("loss_scaler"))
+    scaler->set_state(m.meta.extra.at("loss_scaler").get<precision::DynamicLossScaler::State>());
 }
 
 }  // namespace dsp::train

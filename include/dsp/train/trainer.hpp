@@ -23,9 +23,12 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <memory>
+#include <functional>
 #include <numeric>
+#include <optional>
 #include <vector>
 
 #include "dsp/core/memory.hpp"
@@ -39,6 +42,7 @@
 #include "dsp/pp/engine.hpp"
 #include "dsp/pp/pipeline_config.hpp"
 #include "dsp/pp/pipeline_stage.hpp"
+#include "dsp/precision/loss_scaler.hpp"
 #include "dsp/train/token_dataset.hpp"
 #include "dsp/zero/lr_schedule.hpp"
 #include "dsp/zero/zero_optimizer.hpp"
@@ -70,6 +74,11 @@ struct TrainConfig {
   /// --zero-stage: how much of the model state is partitioned over data parallelism
   /// (zero::ZeroOptimizer: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters).
   int zero_stage = 0;
+  /// Dynamic loss scaling (the scaler of Fp16Mixed; null: none): the backward starts from the
+  /// loss times the scale, the reduced gradients are multiplied by 1 / scale, and a step whose
+  /// gradients hold an infinity or NaN on any rank is skipped by every rank (parameters,
+  /// moments, optimizer step count and so the LR position unchanged) while the scale backs off.
+  std::optional<precision::LossScalerConfig> loss_scaler;
 };
 
 /// One MoE layer's routing over a whole step, summed over every data-parallel rank.
@@ -114,6 +123,10 @@ struct StepResult {
   memory::Snapshot memory;
   /// Every MoE layer of the model (all pipeline stages), by layer; empty for a dense model.
   std::vector<MoeStepStats> moe;
+  /// With loss scaling: the scale this step's backward used, and whether an overflow on some
+  /// rank made every rank skip the update (then grad_norm is NaN and iteration is unchanged).
+  float loss_scale = 1.0f;
+  bool skipped = false;
 };
 
 template <class Policy>
@@ -151,6 +164,7 @@ class Trainer {
       const int p = mesh.pp_size(), r = mesh.pp_rank();
       embedding_group_ = std::make_unique<Comm>(mesh.pipeline_group().split(r == 0 || r == p - 1 ? 0 : 1, r));
     }
+    if (tc.loss_scaler) scaler_.emplace(*tc.loss_scaler);
     if (tc.zero_stage >= 2)  // gradients made on demand (stage 2) and parameters gathered (stage 3) per part
       for (auto& s : stages_)
         s->set_parameter_hooks(
@@ -169,6 +183,7 @@ class Trainer {
     for (const auto& mb : micro_batches) counts[0] += count_loss_tokens(mb.targets);
     mesh_->data_group().all_reduce(std::span(counts));
     const double loss_tokens = std::max(counts[0], 1.0);
+    const double loss_scale = scaler_ ? double(scaler_->scale()) : 1.0;
     std::vector<double> loss_sum{0.0};  // on the last stage
     const typename Stage::GradReadyFn ready = [&](model::Parameter& p) {
       (p.expert ? expert_buckets_ : buckets_).mark_ready(p);
@@ -193,7 +208,7 @@ class Trainer {
       Stage& stage = chunk(s);
       if (stage.layers().post_process) {
         dy = Tensor({tc_.micro_batch_size * seq});
-        dy.fill(static_cast<float>(1.0 / loss_tokens));
+        dy.fill(static_cast<float>(loss_scale / loss_tokens));
       }
       auto it = stash.find({m, s});
       Tensor dx = stage.backward(it->second, dy, last ? &ready : nullptr);
@@ -213,18 +228,23 @@ class Trainer {
       buckets_.finish();
       expert_buckets_.finish();
     }
+    if (grad_hook_) grad_hook_(*this);
     StepResult r;
-    {
-      trace::Span span("clip_grad", trace::Kind::Compute);
-      r.grad_norm = optimizer_.clip_grad_norm(tc_.clip_grad, mesh_->model_group(), &mesh_->expert_group());
-    }
+    r.loss_scale = static_cast<float>(loss_scale);
+    r.skipped = scaler_ && overflowed();
     r.lr = schedule_(optimizer_.steps());
-    {
+    r.moe = moe_step_stats();
+    if (r.skipped) {
+      r.grad_norm = std::numeric_limits<float>::quiet_NaN();
+    } else {
+      {
+        trace::Span span("clip_grad", trace::Kind::Compute);
+        r.grad_norm = optimizer_.clip_grad_norm(tc_.clip_grad, mesh_->model_group(), &mesh_->expert_group());
+      }
       trace::Span span("optimizer.step", trace::Kind::Compute);
       optimizer_.step(r.lr);
+      update_expert_biases(r.moe);
     }
-    r.moe = moe_step_stats();
-    update_expert_biases(r.moe);
     mesh_->data_group().all_reduce(std::span(loss_sum));
     mesh_->pipeline_group().all_reduce(std::span(loss_sum));  // from the last stage
     r.iteration = optimizer_.steps();
@@ -283,6 +303,13 @@ class Trainer {
 
   /// This rank's model chunks, by chunk index (virtual stage chunk x p + pipeline rank).
   std::vector<std::unique_ptr<Stage>>& stages() { return stages_; }
+  /// Called in every step once the gradients are reduced over data parallelism (what the
+  /// optimizer reads: ZeroOptimizer::gradient), before loss-scale checking, clipping and the
+  /// update: to inspect them, or to inject a fault in a test. Null: none.
+  void set_grad_hook(std::function<void(Trainer&)> hook) { grad_hook_ = std::move(hook); }
+  /// The dynamic loss scaler (TrainConfig::loss_scaler), or null.
+  precision::DynamicLossScaler* loss_scaler() { return scaler_ ? &*scaler_ : nullptr; }
+
   /// Every parameter of this rank (all chunks), in chunk order.
   std::vector<model::Parameter*> parameters() {
     std::vector<model::Parameter*> out;
@@ -328,6 +355,16 @@ class Trainer {
     for (std::size_t s = static_cast<std::size_t>(mesh.pp_rank()); s < layers.size(); s += static_cast<std::size_t>(p))
       out.push_back(std::make_unique<Stage>(config, mesh.tensor_group(), layers[s], tc.seed, &mesh.expert_group()));
     return out;
+  }
+
+  // Loss scaling: multiplies every reduced gradient by 1 / scale and reports whether any rank of
+  // the mesh saw an infinity or NaN (the flag goes through the model-parallel group, then the
+  // data-parallel group, so every rank agrees); advances the scaler. Collective over the mesh.
+  bool overflowed() {
+    const bool mine = optimizer_.unscale_gradients(scaler_->inv_scale());
+    const bool any = precision::any_rank(mesh_->data_group(), precision::any_rank(mesh_->model_group(), mine));
+    scaler_->update(any);
+    return any;
   }
 
   static int checked_stage(int stage) {
@@ -426,6 +463,8 @@ class Trainer {
   zero::ZeroOptimizer<Backend, Comm> optimizer_;
   zero::WarmupCosine schedule_;
   std::unique_ptr<Comm> embedding_group_;  // first and last pipeline rank (tied embeddings over stages)
+  std::optional<precision::DynamicLossScaler> scaler_;
+  std::function<void(Trainer&)> grad_hook_;
 };
 
 }  // namespace dsp::train

@@ -33,6 +33,7 @@
 #include "dsp/core/error.hpp"
 #include "dsp/dp/grad_buckets.hpp"
 #include "dsp/model/parameter.hpp"
+#include "dsp/precision/loss_scaler.hpp"
 #include "dsp/zero/partition.hpp"
 
 namespace dsp::zero {
@@ -125,6 +126,23 @@ class ZeroOptimizer {
     }
     return norm;
   }
+
+  /// Loss scaling: multiplies every gradient this rank updates from by `factor` (1 / scale)
+  /// and returns whether any of them held an infinity or NaN (this rank only). After the
+  /// buckets' finish().
+  bool unscale_gradients(float factor) {
+    bool found = false;
+    for (auto& s : slots_) {
+      const std::span<float> g = grad(s);
+      found = found || precision::has_inf_or_nan(g);
+      scale(Backend{}, static_cast<std::int64_t>(g.size()), factor, g.data());
+    }
+    return found;
+  }
+
+  /// The reduced gradient this rank updates parameter i from: the owned slice's valid
+  /// elements (the whole gradient at stage 0). Valid between the buckets' finish() and step().
+  std::span<float> gradient(std::size_t i) { return grad(slots_.at(i)); }
 
   /// One AdamW update (backend::adamw_update) of the slice of every parameter this rank owns,
   /// from its reduced (and clipped) gradient; at stages 1 and 2 then all-gathers the

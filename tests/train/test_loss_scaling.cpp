@@ -1,0 +1,121 @@
+// Dynamic loss scaling in the trainer (TrainConfig::loss_scaler, precision::DynamicLossScaler):
+// a power-of-two scale changes nothing (scaling by 2^k and back is exact in fp32, so the runs
+// are bitwise equal); an infinity injected into one gradient element on one rank makes every
+// rank of a TP 2 x PP 2 x DP 2 mesh skip the step atomically (parameters, moments, optimizer
+// step count and LR position bitwise unchanged, the scale backed off to the same value
+// everywhere) and training continues, at ZeRO 0 and 2. (fp32 gradients do not overflow from
+// the scale alone: the largest fp32 scale times these gradients stays finite, so the fault is
+// injected through Trainer::set_grad_hook.)
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <limits>
+#include <mutex>
+#include <vector>
+
+#include "dsp/backend/host.hpp"
+#include "dsp/comm/launch.hpp"
+#include "dsp/policy.hpp"
+#include "dsp/train/trainer.hpp"
+#include "small_model.hpp"
+
+using namespace dsp;
+using P = Policy<backend::Host, comm::ThreadComm>;
+
+namespace {
+
+train::TrainConfig train_config(int zero_stage) {
+  train::TrainConfig tc;
+  tc.micro_batch_size = 2;
+  tc.global_batch_size = 8;
+  tc.lr = 3e-3f;
+  tc.lr_warmup_iters = 3;
+  tc.train_iters = 8;
+  tc.zero_stage = zero_stage;
+  return tc;
+}
+
+// This rank's parameter values and (whole) moments, flattened.
+std::vector<float> snapshot(train::Trainer<P>& t) {
+  auto& opt = t.optimizer();
+  opt.gather_for_checkpoint();
+  std::vector<float> out;
+  const auto params = opt.parameters();
+  for (std::size_t i = 0; i < params.size(); ++i)
+    for (const Tensor* x : {&params[i]->value, &opt.exp_avg(i), &opt.exp_avg_sq(i)})
+      out.insert(out.end(), x->data(), x->data() + x->numel());
+  opt.partition_after_checkpoint(false);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a power-of-two loss scale trains bitwise like no scaling") {
+  const auto config = test::small_model();
+  std::vector<double> losses[2];
+  for (int scaled : {0, 1}) {
+    auto tc = train_config(0);
+    if (scaled) tc.loss_scaler = precision::LossScalerConfig{.initial_scale = 1024.0f, .growth_interval = 3};
+    comm::launch(2, [&](comm::ThreadComm& world) {
+      DeviceMesh mesh(world, ParallelLayout{.data = 2});
+      train::Trainer<P> trainer(config, tc, mesh, test::shakespeare(config.seq_length));
+      for (int s = 0; s < 8; ++s) {
+        const auto r = trainer.train_step();
+        CHECK_FALSE(r.skipped);
+        if (world.rank() == 0) losses[scaled].push_back(r.loss);
+      }
+      if (scaled) CHECK(trainer.loss_scaler()->scale() == 1024.0f * 4);  // grew after steps 3 and 6
+    });
+  }
+  CHECK(losses[0] == losses[1]);
+}
+
+TEST_CASE("an infinity in one gradient on one rank: every rank skips the step, the scale backs off, training continues") {
+  const auto config = test::small_model(/*tied=*/true);
+  for (int zero_stage : {0, 2}) {
+    CAPTURE(zero_stage);
+    auto tc = train_config(zero_stage);
+    tc.loss_scaler = precision::LossScalerConfig{.initial_scale = 4096.0f, .growth_interval = 100, .hysteresis = 1};
+    const int inject_step = 3, inject_rank = 5;  // TP rank 1, DP rank 0, last pipeline stage
+    std::mutex mu;
+    std::vector<float> scales_after;
+    comm::launch(8, [&](comm::ThreadComm& world) {
+      DeviceMesh mesh(world, ParallelLayout{.tensor = 2, .pipeline = 2, .data = 2});
+      train::Trainer<P> trainer(config, tc, mesh, test::shakespeare(config.seq_length));
+      int step = 0;
+      trainer.set_grad_hook([&](train::Trainer<P>& t) {
+        if (step != inject_step || world.rank() != inject_rank) return;
+        for (std::size_t i = 0; i < t.optimizer().parameters().size(); ++i)
+          if (auto g = t.optimizer().gradient(i); !g.empty()) {
+            g[g.size() / 2] = std::numeric_limits<float>::infinity();
+            return;
+          }
+      });
+      float lr_before = 0.0f;
+      for (step = 1; step < inject_step; ++step) lr_before = trainer.train_step().lr;
+      const std::vector<float> before = snapshot(trainer);
+      const std::int64_t iteration = trainer.iteration();
+      const auto skipped = trainer.train_step();  // step == inject_step
+      CHECK(skipped.skipped);
+      CHECK(std::isnan(skipped.grad_norm));
+      CHECK(skipped.loss_scale == 4096.0f);
+      CHECK(trainer.iteration() == iteration);
+      CHECK(snapshot(trainer) == before);  // parameters and moments bitwise unchanged
+      ++step;
+      const auto next = trainer.train_step();  // the LR position did not move: the step the skipped one would have been
+      CHECK_FALSE(next.skipped);
+      CHECK(next.loss_scale == 2048.0f);  // backed off once (hysteresis 1)
+      CHECK(next.iteration == iteration + 1);
+      CHECK(next.lr == skipped.lr);
+      CHECK(next.lr > lr_before);  // still warming up: the schedule continues from where it was
+      CHECK(std::isfinite(next.loss));
+      CHECK(snapshot(trainer) != before);
+      for (++step; step <= 6; ++step) CHECK_FALSE(trainer.train_step().skipped);
+      std::lock_guard lk(mu);
+      scales_after.push_back(trainer.loss_scaler()->scale());
+      CHECK(trainer.loss_scaler()->skipped_steps() == 1);
+    });
+    REQUIRE(scales_after.size() == 8);
+    for (float s : scales_after) CHECK(s == 2048.0f);  // identical on every rank
+  }
+}
