@@ -8,6 +8,8 @@
 //   mpiexec -n 4 dsp-train --tensor-model-parallel-size 2 ...   (the same training, MpiComm)
 //   dsp-train --world-size 4 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 ...
 //             [--pipeline-schedule gpipe|1f1b|interleaved] [--num-layers-per-virtual-pipeline-stage K]
+//   dsp-train --world-size 4 --zero-stage 3 ...   (ZeRO: optimizer state, gradients and parameters
+//             partitioned over the 4 data-parallel ranks; the same losses as --zero-stage 0)
 //   dsp-train --world-size 4 --tensor-model-parallel-size 2 --expert-model-parallel-size 2
 //             --num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 128
 //             --moe-shared-expert-intermediate-size 128 --first-k-dense-replace 1 ...
@@ -91,6 +93,9 @@ void add_flags(CLI::App& app, Options& o) {
                "start each bucket's all-reduce during backward (identical results)");
   app.add_option("--grad-reduce-dtype", o.grad_reduce_dtype, "dtype of the data-parallel gradient all-reduce: fp32 or bf16")
       ->check(CLI::IsMember({"fp32", "bf16"}));
+  app.add_option("--zero-stage", o.train.zero_stage,
+                 "ZeRO stage: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters partitioned over data parallelism "
+                 "(routed experts over expert data parallelism); the same training at every stage");
   app.add_option("--eval-interval", o.eval_interval, "evaluate every N steps (0: only at the end)");
   app.add_option("--eval-iters", o.train.eval_iters, "validation global batches per evaluation");
   app.add_option("--log-interval", o.log_interval, "log line every N steps when not on a terminal");
@@ -188,8 +193,8 @@ void train(Options& o) {
     const bool lead = world.rank() == 0;
     std::optional<std::ofstream> metrics;
     if (lead) {
-      std::printf("dsp-train: %s, %lld parameters, gradient accumulation %lld x micro-batch %lld per DP rank, peak %.1f GFLOP/s\n",
-                  mesh.layout().str().c_str(), static_cast<long long>(o.model.num_parameters()),
+      std::printf("dsp-train: %s, %lld parameters, ZeRO stage %d, gradient accumulation %lld x micro-batch %lld per DP rank, peak %.1f GFLOP/s\n",
+                  mesh.layout().str().c_str(), static_cast<long long>(o.model.num_parameters()), o.train.zero_stage,
                   static_cast<long long>(trainer.sampler().accumulation_steps()),
                   static_cast<long long>(o.train.micro_batch_size), o.peak_flops / 1e9);
       if (o.print_schedule) std::printf("%s", dsp::pp::to_table(trainer.engine().schedule()).c_str());

@@ -4,6 +4,9 @@
 #  - served at TP1/TP4 after dsp-reshard: consistent with the training layout (<= 1e-4);
 #  - --profile-file: a Chrome trace with communication spans from every rank;
 #  - --overlap-grad-reduce on/off: the same losses; --grad-reduce-dtype bf16 trains;
+#  - ZeRO: --zero-stage 1, 2 and 3 give exactly the --zero-stage 0 losses at DP4 and (stage 3)
+#    at TP2 x DP2; a checkpoint saved at stage 3 on DP4 resumes at stage 0 on DP2 (1e-5 relative:
+#    the DP sum's order changes); --zero-stage 4 is refused;
 #  - pipeline parallelism (4 layers): PP2, TP2 x PP2, interleaved and GPipe give the world-1
 #    losses (1e-5 relative); --print-pipeline-schedule prints a rank table; bubble_fraction > 0;
 #    a PP2 run stopped at step 3 resumes at PP2 (exactly), PP4 and PP1 (1e-5); a TP2 x PP2
@@ -109,6 +112,34 @@ diff <(losses "$work/dp_off.jsonl") <(losses "$work/dp_on.jsonl") >/dev/null && 
 "$bin/dsp-train" --world-size 2 "${model[@]}" --overlap-grad-reduce --grad-reduce-dtype bf16 \
   --metrics-file "$work/dp_bf16.jsonl" >/dev/null && [ "$(wc -l <"$work/dp_bf16.jsonl")" -eq 6 ] && ok \
   || fail "DP2 run with --grad-reduce-dtype bf16"
+
+# --- ZeRO: stages 1-3 give stage 0's losses exactly; stage 3 / DP4 resumes at stage 0 / DP2 --
+# exact_losses NAME EXPECTED.jsonl ACTUAL.jsonl: the same 6 steps and losses, digit for digit
+exact_losses() {
+  local name=$1 want=$2 got=$3
+  if [ "$(losses "$want" | wc -l)" -eq 6 ] && diff <(losses "$want") <(losses "$got" 2>/dev/null) >/dev/null; then ok
+  else fail "$name: losses differ from $(basename "$want"): $(diff <(losses "$want") <(losses "$got" 2>/dev/null))"; fi
+}
+zero=("${model[@]}" --micro-batch-size 1 --peak-flops 1e10)  # DP4: 4 sequences = 1 x DP4
+"$bin/dsp-train" --world-size 4 "${zero[@]}" --metrics-file "$work/zero0.jsonl" >/dev/null || fail "DP4 run, ZeRO 0"
+for stage in 1 2 3; do
+  "$bin/dsp-train" --world-size 4 "${zero[@]}" --zero-stage $stage --metrics-file "$work/zero$stage.jsonl" \
+    >"$work/zero$stage.out" || fail "DP4 run, ZeRO $stage: $(cat "$work/zero$stage.out")"
+  exact_losses "ZeRO $stage at DP4" "$work/zero0.jsonl" "$work/zero$stage.jsonl"
+done
+grep -q "TP1/PP1/DP4, .*ZeRO stage 3," "$work/zero3.out" && ok || fail "ZeRO 3 run did not report its stage: $(cat "$work/zero3.out")"
+"$bin/dsp-train" --world-size 4 --tensor-model-parallel-size 2 "${model[@]}" --peak-flops 1e10 \
+  --metrics-file "$work/tp2dp2_zero0.jsonl" >/dev/null || fail "TP2 x DP2 run, ZeRO 0"
+"$bin/dsp-train" --world-size 4 --tensor-model-parallel-size 2 "${model[@]}" --peak-flops 1e10 --zero-stage 3 \
+  --metrics-file "$work/tp2dp2_zero3.jsonl" >/dev/null || fail "TP2 x DP2 run, ZeRO 3"
+exact_losses "ZeRO 3 at TP2 x DP2" "$work/tp2dp2_zero0.jsonl" "$work/tp2dp2_zero3.jsonl"
+"$bin/dsp-train" --world-size 4 "${zero[@]}" --zero-stage 3 --exit-interval 3 --save "$work/ckpt_zero3" \
+  --metrics-file "$work/zero_resumed.jsonl" >/dev/null || fail "ZeRO 3 / DP4 first half"
+"$bin/dsp-train" --world-size 2 "${zero[@]}" --zero-stage 0 --load "$work/ckpt_zero3" \
+  --metrics-file "$work/zero_resumed.jsonl" >"$work/out" 2>&1 || fail "ZeRO 3 / DP4 checkpoint resumed at ZeRO 0 / DP2: $(cat "$work/out")"
+same_losses "ZeRO 3 / DP4 checkpoint resumed at ZeRO 0 / DP2" "$work/zero0.jsonl" "$work/zero_resumed.jsonl"
+expect_fail "ZeRO stage 4" "--zero-stage must be 0, 1, 2 or 3, got 4" "$work/m22" -- \
+  "$bin/dsp-train" --world-size 2 "${model[@]}" --zero-stage 4 --metrics-file "$work/m22"
 
 # --- pipeline parallelism: the same losses at any TP x PP and schedule ----------------------
 pp=("${model[@]}" --num-layers 4 --peak-flops 1e10)
