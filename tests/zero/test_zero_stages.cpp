@@ -2,7 +2,9 @@
 // same losses, gradient norms and parameters after 10 steps, at DP 4, TP 2 x DP 4, PP 2 x DP 4
 // (tied embeddings over the stages), with gradient accumulation, overlapped reduction, an
 // interleaved schedule, full recomputation and a DeepSeekMoE model with EP 2; checkpoints
-// saved at one stage and DP size resume at another.
+// saved at one stage and DP size resume at another; bf16 reduction on a group of one rounds
+// nothing; a rank failing in a stage-3 step (parameter prefetches in flight elsewhere) ends
+// every rank with its message.
 // Tolerance 1e-6 relative (fp32), norm-wise over every parameter: a stage changes only which
 // rank runs Adam on an element (the same arithmetic on the same values) and reduce-scatter
 // instead of all-reduce (ThreadComm sums ranks in rank order in both), so the values agree to
@@ -12,6 +14,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <string>
@@ -239,4 +242,47 @@ TEST_CASE("bad --zero-stage is refused with the value") {
     CHECK_THROWS_WITH_AS(train::Trainer<P>(test::small_model(), tc, mesh, test::shakespeare(16)),
                          "--zero-stage must be 0, 1, 2 or 3, got 4", ConfigError);
   });
+}
+
+TEST_CASE("bf16 gradient reduction on a group of one rank rounds nothing at any stage (DP 1)") {
+  // Nothing travels over a group of one, so no stage rounds the gradients to bf16 there.
+  const auto config = test::small_model();
+  std::vector<double> losses[2];
+  for (int stage : {0, 1}) {
+    auto tc = train_config(Layout{.dp = 1, .zero = stage}, 4);
+    tc.ddp.grad_reduce_dtype = dp::GradReduceDType::Bf16;
+    comm::launch(1, [&](comm::ThreadComm& world) {
+      DeviceMesh mesh(world, ParallelLayout{});
+      train::Trainer<P> trainer(config, tc, mesh, test::shakespeare(config.seq_length));
+      for (int s = 0; s < 4; ++s) losses[stage].push_back(trainer.train_step().grad_norm);
+    });
+  }
+  CHECK(losses[0] == losses[1]);
+}
+
+TEST_CASE("a bad token id met by one rank during a ZeRO 3 step ends every rank with its message") {
+  // Rank 0's data window holds a byte outside the vocabulary (127 of 127); the other ranks may be
+  // waiting on a parameter prefetch when the communicator aborts, which must not end in
+  // std::terminate from a destructor.
+  std::string text(4000, 'a');
+  for (std::size_t i = 0; i < text.size(); i += 7) text[i] = char('a' + i % 26);
+  for (std::size_t i = 1000; i < text.size(); i += 400) text[i] = char(0x7F);
+  const auto path = std::filesystem::temp_directory_path() / ("dsp_zero_bad_" + std::to_string(::getpid()) + ".txt");
+  {
+    std::ofstream(path, std::ios::binary) << text;
+  }
+  const auto data = train::TokenDataset::from_file(path, 16);
+  std::filesystem::remove(path);
+  for (Layout l : {Layout{.tp = 2, .dp = 2, .zero = 3}, Layout{.pp = 2, .dp = 2, .zero = 3, .overlap = true}}) {
+    CAPTURE(l.tp);
+    CAPTURE(l.pp);
+    const auto tc = train_config(l, 40);
+    CHECK_THROWS_WITH_AS(comm::launch(l.tp * l.pp * l.dp,
+                                      [&](comm::ThreadComm& world) {
+                                        DeviceMesh mesh(world, ParallelLayout{.tensor = l.tp, .pipeline = l.pp, .data = l.dp});
+                                        train::Trainer<P> trainer(test::small_model(), tc, mesh, data);
+                                        for (int s = 0; s < 40; ++s) trainer.train_step();
+                                      }),
+                         doctest::Contains("outside the vocabulary"), InputError);
+  }
 }

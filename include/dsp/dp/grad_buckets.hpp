@@ -259,9 +259,10 @@ class GradBuckets {
   bool sharded() const { return zero_stage_ >= 1; }
 
   // The bucket's payload: its elements (ZeRO: N x its padded slices), counted as Communication.
+  // fp32 on a group of one (nothing travels, so nothing is rounded, as at stage 0).
   void allocate_payload(Bucket& b) {
     const auto n = static_cast<std::size_t>(sharded() ? b.slice_elements * dp_->size() : b.elements);
-    if (config_.grad_reduce_dtype == GradReduceDType::Bf16)
+    if (config_.grad_reduce_dtype == GradReduceDType::Bf16 && dp_->size() > 1)
       b.half = Payload<bf16>(n, memory::CountingAllocator<bf16>(memory::Category::Communication));
     else
       b.full = Payload<float>(n, memory::CountingAllocator<float>(memory::Category::Communication));

@@ -24,12 +24,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <exception>
 #include <unordered_map>
 #include <vector>
 
 #include "dsp/backend/host/adamw.hpp"
 #include "dsp/backend/host/elementwise.hpp"
 #include "dsp/comm/communicator.hpp"
+#include "dsp/comm/detail/keep_alive.hpp"
 #include "dsp/core/error.hpp"
 #include "dsp/dp/grad_buckets.hpp"
 #include "dsp/model/parameter.hpp"
@@ -93,7 +95,23 @@ class ZeroOptimizer {
   }
   ZeroOptimizer(const ZeroOptimizer&) = delete;
   ZeroOptimizer& operator=(const ZeroOptimizer&) = delete;
-  ~ZeroOptimizer() { drop_prefetch(); }
+  /// Waits for a prefetch still in flight. While an exception unwinds this rank (its peers may
+  /// never join that all-gather, or the communicator aborted it) it does not wait: the buffers go
+  /// to a process-lifetime store (comm::detail::keep_until_exit) for the communicator to finish
+  /// or abort the operation on.
+  ~ZeroOptimizer() {
+    for (auto& g : prefetch_) {
+      if (g.work.completed()) continue;
+      if (std::uncaught_exceptions() > 0) {
+        comm::detail::keep_until_exit(std::move(g.all));
+        continue;
+      }
+      try {
+        g.work.wait();
+      } catch (...) {  // a destructor must not throw; the failure was reported where it happened
+      }
+    }
+  }
 
   int stage() const { return stage_; }
 
