@@ -21,6 +21,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -49,6 +50,7 @@ struct Options {
   dsp::train::TrainConfig train;
   std::int64_t eval_interval = 0, save_interval = 0, exit_interval = 0, log_interval = 10;
   std::string data_path, save, load, metrics_file, grad_reduce_dtype = "fp32";
+  dsp::precision::LossScalerConfig loss_scaler;  // used when --initial-loss-scale is given
   double peak_flops = 0;
   std::string profile_file;
   std::int64_t profile_step_start = 2, profile_step_end = 4;  // steps 2 and 3: past step 1's warm-up
@@ -91,8 +93,18 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--ddp-bucket-size", o.train.ddp.bucket_size_bytes, "bytes of gradients per data-parallel all-reduce bucket");
   app.add_flag("--overlap-grad-reduce,!--no-overlap-grad-reduce", o.train.ddp.overlap_grad_reduce,
                "start each bucket's all-reduce during backward (identical results)");
-  app.add_option("--grad-reduce-dtype", o.grad_reduce_dtype, "dtype of the data-parallel gradient all-reduce: fp32 or bf16")
-      ->check(CLI::IsMember({"fp32", "bf16"}));
+  app.add_option("--grad-reduce-dtype", o.grad_reduce_dtype,
+                 "dtype of the data-parallel gradient all-reduce: fp32, bf16 or fp16 (fp16: use with --initial-loss-scale)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  app.add_option("--initial-loss-scale", o.loss_scaler.initial_scale,
+                 "turns on dynamic loss scaling from this scale: a step whose gradients overflow (e.g. fp16 transport) "
+                 "is skipped on every rank and the scale backs off");
+  app.add_option("--min-loss-scale", o.loss_scaler.min_scale, "dynamic loss scaling: smallest scale");
+  app.add_option("--max-loss-scale", o.loss_scaler.max_scale, "dynamic loss scaling: largest scale");
+  app.add_option("--loss-scale-window", o.loss_scaler.growth_interval, "dynamic loss scaling: clean steps before the scale grows");
+  app.add_option("--hysteresis", o.loss_scaler.hysteresis, "dynamic loss scaling: overflows since the last growth before it backs off");
+  app.add_option("--loss-scale-growth-factor", o.loss_scaler.growth_factor, "dynamic loss scaling: growth multiplier");
+  app.add_option("--loss-scale-backoff-factor", o.loss_scaler.backoff_factor, "dynamic loss scaling: backoff multiplier");
   app.add_option("--zero-stage", o.train.zero_stage,
                  "ZeRO stage: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters partitioned over data parallelism "
                  "(routed experts over expert data parallelism); the same training at every stage");
@@ -104,7 +116,7 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--exit-interval", o.exit_interval, "stop (after saving) at the first step divisible by N");
   app.add_option("--load", o.load, "checkpoint directory to resume from");
   app.add_option("--data-path", o.data_path, "text file; bytes are tokens, the last 10% is validation")->required();
-  app.add_option("--metrics-file", o.metrics_file, "JSON lines: step, loss, val_loss, lr, grad_norm, tokens_per_s, mfu, step_time_s, bubble_fraction, peak_activation_bytes, memory (rank 0's live bytes at the step's end by category: parameters, gradients, optimizer_state, activations, communication, workspace, total; and their peaks over the step: peak_<category>, peak_total), moe (per MoE layer: tokens_per_expert, max_over_mean_load, dropped, aux_loss) (global rank 0)");
+  app.add_option("--metrics-file", o.metrics_file, "JSON lines: step, loss, val_loss, lr, grad_norm, tokens_per_s, mfu, step_time_s, bubble_fraction, peak_activation_bytes, memory (rank 0's live bytes at the step's end by category: parameters, gradients, optimizer_state, activations, communication, workspace, total; and their peaks over the step: peak_<category>, peak_total), moe (per MoE layer: tokens_per_expert, max_over_mean_load, dropped, aux_loss), loss_scale and skipped (with --initial-loss-scale) (global rank 0)");
   app.add_option("--peak-flops", o.peak_flops, "FLOP/s that MFU is measured against (default: measured sgemm peak)");
   app.add_option("--profile-file", o.profile_file, "write a Chrome trace (ui.perfetto.dev) of the profiled steps here");
   app.add_option("--profile-step-start", o.profile_step_start, "first profiled optimizer step (1-based; default 2)");
@@ -215,11 +227,12 @@ void train(Options& o) {
     while (trainer.iteration() < o.train.train_iters) {
       trace_before(trainer.iteration() + 1);
       const auto r = trainer.train_step();  // a profiled step's evaluation and save are in its trace too
-      const bool last = r.iteration == o.train.train_iters;
-      const bool stop = last || (o.exit_interval > 0 && r.iteration % o.exit_interval == 0);
-      const bool eval = last || (o.eval_interval > 0 && r.iteration % o.eval_interval == 0);
+      const bool stepped = !r.skipped;       // a skipped step (loss-scale overflow) did not advance the iteration
+      const bool last = stepped && r.iteration == o.train.train_iters;
+      const bool stop = last || (stepped && o.exit_interval > 0 && r.iteration % o.exit_interval == 0);
+      const bool eval = last || (stepped && o.eval_interval > 0 && r.iteration % o.eval_interval == 0);
       const double val = eval ? trainer.evaluate() : 0.0;
-      if (!o.save.empty() && (stop || (o.save_interval > 0 && r.iteration % o.save_interval == 0)))
+      if (!o.save.empty() && (stop || (stepped && o.save_interval > 0 && r.iteration % o.save_interval == 0)))
         dsp::train::save_checkpoint(o.save, trainer);
       if (lead) {
         const double tps = static_cast<double>(r.tokens) / r.seconds;
@@ -230,6 +243,10 @@ void train(Options& o) {
                               {"step_time_s", r.seconds}, {"bubble_fraction", r.bubble_fraction},
                               {"peak_activation_bytes", r.peak_activation_bytes}};
           if (eval) j["val_loss"] = val;
+          if (trainer.loss_scaler()) {
+            j["loss_scale"] = r.loss_scale;
+            j["skipped"] = r.skipped;
+          }
           j["memory"] = memory_json(r.memory);
           if (!r.moe.empty()) j["moe"] = moe_json(r.moe);
           *metrics << j.dump() << '\n' << std::flush;
@@ -237,12 +254,16 @@ void train(Options& o) {
         const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
         const double remaining = elapsed / static_cast<double>(r.iteration - first) *
                                  static_cast<double>(o.train.train_iters - r.iteration);
+        const std::string eta_text = r.iteration > first ? eta(remaining) : "-";  // nothing stepped yet: no rate
         char line[256];
         std::snprintf(line, sizeof line, "iter %5lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | MFU %.1f%% | eta %s",
                       static_cast<long long>(r.iteration), static_cast<long long>(o.train.train_iters), r.loss, r.lr,
-                      r.grad_norm, tps, 100 * mfu, eta(remaining).c_str());
+                      r.grad_norm, tps, 100 * mfu, eta_text.c_str());
+        if (r.skipped)
+          std::snprintf(line + std::strlen(line), sizeof line - std::strlen(line), " | skipped: overflow at loss scale %g",
+                        double(r.loss_scale));
         if (tty) std::printf("\r%s\033[K", line);
-        if (eval || (!tty && (r.iteration % o.log_interval == 0 || stop))) {
+        if (eval || r.skipped || (!tty && (r.iteration % o.log_interval == 0 || stop))) {
           if (tty) std::printf("\n");
           std::printf(eval ? "%s | val loss %.4f\n" : "%s\n", line, val);
         }
@@ -281,6 +302,14 @@ int main(int argc, char** argv) {
                                    {"--moe-router-bias-update-rate", "--moe-aux-loss-coeff",
                                     "--moe-expert-capacity-factor", "--moe-token-drop-policy"});
     o.train.ddp.grad_reduce_dtype = dsp::dp::grad_reduce_dtype_from_name(o.grad_reduce_dtype);
+    if (app.count("--initial-loss-scale") > 0) {
+      o.train.loss_scaler = o.loss_scaler;
+    } else {
+      for (const char* flag : {"--min-loss-scale", "--max-loss-scale", "--loss-scale-window", "--hysteresis",
+                               "--loss-scale-growth-factor", "--loss-scale-backoff-factor"})
+        DSP_CHECK_AS(dsp::ConfigError, app.count(flag) == 0, flag,
+                     " needs --initial-loss-scale (dynamic loss scaling is on only with it)");
+    }
     o.train.recompute = o.recompute_flags.config();
     o.train.moe.drop_policy = o.token_drop_policy == "position" ? dsp::ep::DropPolicy::Position : dsp::ep::DropPolicy::Probability;
     train(o);

@@ -3,6 +3,7 @@
 // naive per-rank reference, and bf16 transport with fp32 accumulation.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -64,7 +65,8 @@ TEST_CASE("buckets group parameters in ready order up to the byte limit and neve
     CHECK(o.bucket(1) == std::vector<model::Parameter*>{ps[2].get()});
     CHECK(o.bucket(2) == std::vector<model::Parameter*>{ps[3].get(), ps[4].get()});
     CHECK_THROWS_AS(dp::GradBuckets<comm::ThreadComm>(world, raw(ps), {.bucket_size_bytes = 0}), ConfigError);
-    CHECK_THROWS_WITH_AS(dp::grad_reduce_dtype_from_name("fp16"), doctest::Contains("fp32 or bf16"), ConfigError);
+    CHECK(dp::grad_reduce_dtype_from_name("fp16") == dp::GradReduceDType::Fp16);
+    CHECK_THROWS_WITH_AS(dp::grad_reduce_dtype_from_name("fp8"), doctest::Contains("fp32, bf16 or fp16, got 'fp8'"), ConfigError);
   });
 }
 
@@ -140,24 +142,45 @@ TEST_CASE("a rank failing with a bucket all-reduce in flight ends the launch cle
                        "backward failed on rank 1", std::runtime_error);
 }
 
-TEST_CASE("bf16 transport: every rank's gradient rounded to bf16 once, summed in fp32, rounded once") {
-  comm::launch(4, [](comm::ThreadComm& world) {
-    auto ps = make_params({300}, world.rank());
-    dp::GradBuckets<comm::ThreadComm> b(world, raw(ps), {.grad_reduce_dtype = dp::GradReduceDType::Bf16});
+TEST_CASE("16-bit transport (bf16, fp16): every rank's gradient rounded once, summed in fp32, rounded once; all-reduce and ZeRO's reduce-scatter") {
+  const auto check = [](auto type, dp::GradReduceDType dtype) {
+    using T = decltype(type);
+    for (int stage : {0, 1})
+      comm::launch(4, [&](comm::ThreadComm& world) {
+        auto ps = make_params({300}, world.rank());
+        dp::GradBuckets<comm::ThreadComm> b(world, raw(ps), {.grad_reduce_dtype = dtype}, nullptr, stage);
+        b.begin_last_micro_batch();
+        b.finish();
+        const zero::ShardRange range = b.range(*ps[0]);  // stage 1: this rank's 75 elements
+        const std::span<float> reduced = b.reduced(*ps[0]);
+        REQUIRE(static_cast<std::int64_t>(reduced.size()) == range.valid());
+        int differs_from_fp32 = 0;
+        for (std::int64_t i = range.begin; i < range.end(); ++i) {
+          float acc = 0, exact = 0;
+          for (int r = 0; r < 4; ++r) {
+            const float g = static_cast<float>((r + 1) * 0.001 * i + 1.0 / 3);
+            acc += static_cast<float>(T(g));
+            exact += g;
+          }
+          const float got = reduced[static_cast<std::size_t>(i - range.begin)];
+          CHECK(got == static_cast<float>(T(acc)));
+          differs_from_fp32 += got != exact;
+        }
+        CHECK(differs_from_fp32 > 0);  // the transport really is 16-bit
+      });
+  };
+  check(bf16{}, dp::GradReduceDType::Bf16);
+  check(fp16{}, dp::GradReduceDType::Fp16);
+}
+
+TEST_CASE("fp16 transport overflows to infinity past 65504 (what loss scaling detects)") {
+  comm::launch(2, [](comm::ThreadComm& world) {
+    auto ps = make_params({4}, world.rank());
+    ps[0]->grad.fill(40000.0f);  // each rank's value fits fp16; the sum does not
+    dp::GradBuckets<comm::ThreadComm> b(world, raw(ps), {.grad_reduce_dtype = dp::GradReduceDType::Fp16});
     b.begin_last_micro_batch();
     b.finish();
-    int differs_from_fp32 = 0;
-    for (std::int64_t i = 0; i < 300; ++i) {
-      float acc = 0, exact = 0;
-      for (int r = 0; r < 4; ++r) {
-        const float g = static_cast<float>((r + 1) * 0.001 * i + 1.0 / 3);
-        acc += static_cast<float>(bf16(g));
-        exact += g;
-      }
-      CHECK(ps[0]->grad[i] == static_cast<float>(bf16(acc)));
-      differs_from_fp32 += ps[0]->grad[i] != exact;
-    }
-    CHECK(differs_from_fp32 > 0);  // the transport really is 16-bit
+    for (float g : ps[0]->grad.values()) CHECK(std::isinf(g));
   });
 }
 

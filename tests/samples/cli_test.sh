@@ -7,6 +7,8 @@
 #  - ZeRO: --zero-stage 1, 2 and 3 give exactly the --zero-stage 0 losses at DP4 and (stage 3)
 #    at TP2 x DP2; a checkpoint saved at stage 3 on DP4 resumes at stage 0 on DP2 (1e-5 relative:
 #    the DP sum's order changes); --zero-stage 4 is refused;
+#  - loss scaling: fp16 gradient transport with --initial-loss-scale 2^40 skips the overflowing
+#    steps (reported) and still trains its 6 steps; a loss-scale flag alone is refused;
 #  - pipeline parallelism (4 layers): PP2, TP2 x PP2, interleaved and GPipe give the world-1
 #    losses (1e-5 relative); --print-pipeline-schedule prints a rank table; bubble_fraction > 0;
 #    a PP2 run stopped at step 3 resumes at PP2 (exactly), PP4 and PP1 (1e-5); a TP2 x PP2
@@ -141,6 +143,17 @@ same_losses "ZeRO 3 / DP4 checkpoint resumed at ZeRO 0 / DP2" "$work/zero0.jsonl
 expect_fail "ZeRO stage 4" "--zero-stage must be 0, 1, 2 or 3, got 4" "$work/m22" -- \
   "$bin/dsp-train" --world-size 2 "${model[@]}" --zero-stage 4 --metrics-file "$work/m22"
 
+# --- dynamic loss scaling: fp16 gradient transport overflows at 2^40, steps are skipped -----
+"$bin/dsp-train" --world-size 2 "${model[@]}" --grad-reduce-dtype fp16 --initial-loss-scale 1099511627776 \
+  --max-loss-scale 1099511627776 --hysteresis 1 --metrics-file "$work/fp16.jsonl" >"$work/fp16.out" 2>&1 \
+  || fail "fp16 transport with loss scaling: $(cat "$work/fp16.out")"
+skipped=$(grep -c '"skipped":true' "$work/fp16.jsonl")
+stepped=$(grep -c '"skipped":false' "$work/fp16.jsonl")
+[ "$skipped" -ge 5 ] && [ "$stepped" -eq 6 ] && ok || fail "fp16 loss scaling: $skipped skipped, $stepped stepped (want >= 5 and 6)"
+grep -q "skipped: overflow at loss scale" "$work/fp16.out" && ok || fail "skipped steps not reported: $(cat "$work/fp16.out")"
+expect_fail "loss-scale flag without --initial-loss-scale" "--hysteresis needs --initial-loss-scale" "$work/m23" -- \
+  "$bin/dsp-train" "${model[@]}" --hysteresis 3 --metrics-file "$work/m23"
+
 # --- pipeline parallelism: the same losses at any TP x PP and schedule ----------------------
 pp=("${model[@]}" --num-layers 4 --peak-flops 1e10)
 "$bin/dsp-train" "${pp[@]}" --metrics-file "$work/pp_ref.jsonl" >/dev/null || fail "world-1 run, 4 layers"
@@ -206,8 +219,8 @@ offsets() { head -c 65536 "$1" | grep -ao '"model\.layers\.[0-9]*\.input_layerno
   || fail "consistency of the interleaved checkpoint at TP2/PP1: $(cat "$work/cc")"
 
 # --- bad input: clear message, non-zero exit, no partial output -----------------------------
-expect_fail "unknown gradient dtype" "--grad-reduce-dtype" "$work/m9" -- \
-  "$bin/dsp-train" "${model[@]}" --grad-reduce-dtype fp16 --metrics-file "$work/m9"
+expect_fail "unknown gradient dtype" "--grad-reduce-dtype: fp8 not in {fp32,bf16,fp16}" "$work/m9" -- \
+  "$bin/dsp-train" "${model[@]}" --grad-reduce-dtype fp8 --metrics-file "$work/m9"
 expect_fail "zero bucket size" "--ddp-bucket-size must be >= 1 byte, got 0" "$work/m10" -- \
   "$bin/dsp-train" --world-size 2 "${model[@]}" --ddp-bucket-size 0 --metrics-file "$work/m10"
 expect_fail "layout does not divide" "world size 3 is not divisible by tensor-model-parallel-size" "$work/m1" -- \

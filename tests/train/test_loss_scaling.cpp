@@ -119,3 +119,40 @@ TEST_CASE("an infinity in one gradient on one rank: every rank skips the step, t
     for (float s : scales_after) CHECK(s == 2048.0f);  // identical on every rank
   }
 }
+
+TEST_CASE("fp16 gradient transport: a scale that overflows it backs off until steps succeed, on every rank alike") {
+  // --grad-reduce-dtype fp16 with a scale of 2^40: the scaled gradients pass fp16's 65504 and
+  // arrive as infinities; each overflow skips the step and halves the scale (hysteresis 1) until
+  // the gradients fit. ZeRO 0 (all-reduce) and 2 (reduce-scatter).
+  const auto config = test::small_model();
+  for (int zero_stage : {0, 2}) {
+    CAPTURE(zero_stage);
+    auto tc = train_config(zero_stage);
+    tc.ddp.grad_reduce_dtype = dp::GradReduceDType::Fp16;
+    tc.loss_scaler = precision::LossScalerConfig{.initial_scale = 1099511627776.0f, .max_scale = 1099511627776.0f,
+                                                 .growth_interval = 100, .hysteresis = 1};
+    std::mutex mu;
+    std::vector<float> scales;
+    comm::launch(4, [&](comm::ThreadComm& world) {
+      DeviceMesh mesh(world, ParallelLayout{.data = 4});
+      train::Trainer<P> trainer(config, tc, mesh, test::shakespeare(config.seq_length));
+      int skipped = 0, calls = 0;
+      double first_loss = 0, loss = 0;
+      while (trainer.iteration() < 4 && calls++ < 60) {
+        const auto r = trainer.train_step();
+        skipped += r.skipped ? 1 : 0;
+        if (!r.skipped) (trainer.iteration() == 1 ? first_loss : loss) = r.loss;
+      }
+      CHECK(trainer.iteration() == 4);
+      CHECK(skipped >= 5);  // 2^40 is far past what fp16 holds
+      CHECK(trainer.loss_scaler()->skipped_steps() == skipped);
+      CHECK(trainer.loss_scaler()->scale() == std::ldexp(1.0f, 40 - skipped));
+      CHECK(std::isfinite(loss));
+      CHECK(loss < first_loss);  // it trains once the scale fits
+      std::lock_guard lk(mu);
+      scales.push_back(trainer.loss_scaler()->scale());
+    });
+    REQUIRE(scales.size() == 4);
+    for (float s : scales) CHECK(s == scales.front());
+  }
+}

@@ -11,8 +11,8 @@
 //
 // Overlap on or off runs the same buckets in the same order through the same collective, so
 // the reduced gradients are bitwise identical; only when each all-reduce starts differs.
-// With a 16-bit communication dtype every bucket is rounded to bf16 once, all-reduced with
-// fp32 accumulation inside the communicator, and widened back to fp32.
+// With a 16-bit communication dtype (bf16 or fp16) every bucket is rounded to it once,
+// all-reduced with fp32 accumulation inside the communicator, and widened back to fp32.
 //
 // ZeRO (zero::ZeroOptimizer, stages 1-3) reduce-scatters instead: each parameter is split over
 // the group as zero/partition.hpp says, a bucket's payload holds rank 0's slices of its
@@ -26,7 +26,9 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
+#include <variant>
 #include <vector>
 
 #include "dsp/comm/communicator.hpp"
@@ -39,14 +41,17 @@
 
 namespace dsp::dp {
 
-/// Element type of the data-parallel gradient all-reduce (`--grad-reduce-dtype`).
-enum class GradReduceDType { Fp32, Bf16 };
+/// Element type of the data-parallel gradient all-reduce (`--grad-reduce-dtype`). fp16 has
+/// fp32's precision to 2^-11 but a range of only 6e-8 .. 65504: use it with loss scaling
+/// (train::TrainConfig::loss_scaler), whose overflow check then sees the transport's infinities.
+enum class GradReduceDType { Fp32, Bf16, Fp16 };
 
-/// Parses "fp32" / "bf16"; throws ConfigError naming the value otherwise.
+/// Parses "fp32" / "bf16" / "fp16"; throws ConfigError naming the value otherwise.
 inline GradReduceDType grad_reduce_dtype_from_name(const std::string& name) {
   if (name == "fp32") return GradReduceDType::Fp32;
   if (name == "bf16") return GradReduceDType::Bf16;
-  throw ConfigError("--grad-reduce-dtype must be fp32 or bf16, got '" + name + "'");
+  if (name == "fp16") return GradReduceDType::Fp16;
+  throw ConfigError("--grad-reduce-dtype must be fp32, bf16 or fp16, got '" + name + "'");
 }
 
 /// Settings of the bucketed data-parallel reduction (Megatron flag names).
@@ -79,7 +84,7 @@ class GradBuckets {
   /// made the same buckets (count, elements, dtype). Throws ConfigError when
   /// bucket_size_bytes < 1 or the ranks' buckets differ (e.g. different --ddp-bucket-size or
   /// --grad-reduce-dtype). With more than one DP rank it allocates every bucket's payload
-  /// (its gradients' elements x 4 bytes, or 2 in bf16), counted as memory::Category::Communication.
+  /// (its gradients' elements x 4 bytes, or 2 in bf16 / fp16), counted as memory::Category::Communication.
   /// zero_stage >= 1: reduce-scatter into owned slices (reduced()); the payload then has the
   /// padded size (N x the slices) and is allocated even with one rank; the reduced slices are
   /// Communication at stage 1 (the full gradients stay) and Gradients from stage 2, where the
@@ -90,7 +95,7 @@ class GradBuckets {
       : dp_(&dp), config_(config), zero_stage_(zero_stage) {
     DSP_CHECK_AS(ConfigError, config.bucket_size_bytes >= 1, "--ddp-bucket-size must be >= 1 byte, got ",
                  config.bucket_size_bytes);
-    const std::int64_t elem = config.grad_reduce_dtype == GradReduceDType::Bf16 ? 2 : 4;
+    const std::int64_t elem = config.grad_reduce_dtype == GradReduceDType::Fp32 ? 4 : 2;
     for (auto* p : params) {
       const std::int64_t bytes = p->grad.numel() * elem;
       const bool alone = p == own_bucket || (!buckets_.empty() && buckets_.back().params.back() == own_bucket);
@@ -136,8 +141,7 @@ class GradBuckets {
     for (auto& b : buckets_) {
       if (b.work.completed()) continue;
       if (std::uncaught_exceptions() > 0) {
-        comm::detail::keep_until_exit(std::move(b.full));  // moved, not copied: the buffers stay where they are
-        comm::detail::keep_until_exit(std::move(b.half));
+        comm::detail::keep_until_exit(std::move(b.payload));  // moved, not copied: the buffers stay where they are
         comm::detail::keep_until_exit(std::move(b.reduced));
         continue;
       }
@@ -174,28 +178,24 @@ class GradBuckets {
   void finish() {
     while (next_launch_ < buckets_.size()) launch(buckets_[next_launch_++]);
     for (auto& b : buckets_) {
-      if (sharded()) {
-        b.work.wait();
-        b.work = comm::Work{};
-        if (!b.half.empty())
-          std::transform(b.half.begin() + b.slice_elements * dp_->rank(),
-                         b.half.begin() + b.slice_elements * (dp_->rank() + 1), b.reduced.begin(),
-                         [](bf16 x) { return static_cast<float>(x); });
-        if (zero_stage_ >= 2) {  // the payload lives only while the reduction is in flight
-          Payload<float>(memory::CountingAllocator<float>(memory::Category::Communication)).swap(b.full);
-          Payload<bf16>(memory::CountingAllocator<bf16>(memory::Category::Communication)).swap(b.half);
-        }
-        continue;
-      }
-      if (dp_->size() == 1) continue;
+      if (!sharded() && dp_->size() == 1) continue;
       b.work.wait();
       b.work = comm::Work{};
-      for_each_slice(b, [&](float* g, std::int64_t off, std::int64_t n) {
-        if (!b.half.empty())
-          for (std::int64_t i = 0; i < n; ++i) g[i] = static_cast<float>(b.half[static_cast<std::size_t>(off + i)]);
-        else
-          std::copy(b.full.begin() + off, b.full.begin() + off + n, g);
-      });
+      std::visit(
+          [&]<class T>(Payload<T>& payload) {
+            if (!sharded()) {
+              for_each_slice(b, [&](float* g, std::int64_t off, std::int64_t n) {
+                for (std::int64_t i = 0; i < n; ++i) g[i] = static_cast<float>(payload[static_cast<std::size_t>(off + i)]);
+              });
+              return;
+            }
+            if constexpr (!std::is_same_v<T, float>)  // a 16-bit payload was reduced in place
+              std::transform(payload.begin() + b.slice_elements * dp_->rank(),
+                             payload.begin() + b.slice_elements * (dp_->rank() + 1), b.reduced.begin(),
+                             [](T x) { return static_cast<float>(x); });
+            if (zero_stage_ >= 2) Payload<T>(payload.get_allocator()).swap(payload);  // lives only while in flight
+          },
+          b.payload);
     }
     begin_last_micro_batch();  // the next step starts from no bucket launched
   }
@@ -235,13 +235,13 @@ class GradBuckets {
   // A bucket's payload, counted as memory::Category::Communication.
   template <class T>
   using Payload = std::vector<T, memory::CountingAllocator<T>>;
+  using AnyPayload = std::variant<Payload<float>, Payload<bf16>, Payload<fp16>>;
 
   struct Bucket {
     std::vector<model::Parameter*> params;
     std::int64_t elements = 0;
     std::int64_t slice_elements = 0;  // ZeRO: the owned slices of the bucket's parameters, padded
-    Payload<float> full;              // fp32 payload
-    Payload<bf16> half;               // bf16 payload
+    AnyPayload payload;               // in the communication dtype (none allocated: empty)
     Payload<float> reduced;           // ZeRO: the summed owned slices
     int ready = 0;
     std::int64_t reductions = 0;
@@ -262,38 +262,42 @@ class GradBuckets {
   // fp32 on a group of one (nothing travels, so nothing is rounded, as at stage 0).
   void allocate_payload(Bucket& b) {
     const auto n = static_cast<std::size_t>(sharded() ? b.slice_elements * dp_->size() : b.elements);
-    if (config_.grad_reduce_dtype == GradReduceDType::Bf16 && dp_->size() > 1)
-      b.half = Payload<bf16>(n, memory::CountingAllocator<bf16>(memory::Category::Communication));
+    const GradReduceDType dtype = dp_->size() > 1 ? config_.grad_reduce_dtype : GradReduceDType::Fp32;
+    if (dtype == GradReduceDType::Bf16)
+      b.payload = Payload<bf16>(n, memory::CountingAllocator<bf16>(memory::Category::Communication));
+    else if (dtype == GradReduceDType::Fp16)
+      b.payload = Payload<fp16>(n, memory::CountingAllocator<fp16>(memory::Category::Communication));
     else
-      b.full = Payload<float>(n, memory::CountingAllocator<float>(memory::Category::Communication));
+      b.payload = Payload<float>(n, memory::CountingAllocator<float>(memory::Category::Communication));
   }
 
   // ZeRO: packs rank q's slice of every parameter at q x slice_elements + the parameter's
   // offset (padding zero), releases the full gradients from stage 2, and starts the
   // reduce-scatter into the owned slices.
   void launch_sharded(Bucket& b) {
-    if (b.full.empty() && b.half.empty()) allocate_payload(b);
+    if (std::visit([](const auto& payload) { return payload.empty(); }, b.payload)) allocate_payload(b);
     const int n = dp_->size();
-    for (auto* p : b.params) {
-      const Slot& slot = where_.at(p);
-      const float* g = p->grad.data();
-      for (int q = 0; q < n; ++q) {
-        const zero::ShardRange r = zero::shard_range(slot.range.numel, n, q);
-        const std::int64_t at = q * b.slice_elements + slot.offset;
-        if (!b.half.empty())
-          for (std::int64_t i = 0; i < r.valid(); ++i) b.half[static_cast<std::size_t>(at + i)] = bf16(g[r.begin + i]);
-        else
-          std::copy(g + r.begin, g + r.begin + r.valid(), b.full.begin() + at);
-      }
-      if (zero_stage_ >= 2) p->grad = Tensor{};
-    }
-    if (!b.half.empty()) {  // reduced in place: this rank's block of the payload
-      const auto mine = std::span(b.half).subspan(static_cast<std::size_t>(b.slice_elements * dp_->rank()),
-                                                  static_cast<std::size_t>(b.slice_elements));
-      b.work = dp_->reduce_scatter_async(std::span<const bf16>(b.half), mine);
-    } else {
-      b.work = dp_->reduce_scatter_async(std::span<const float>(b.full), std::span<float>(b.reduced));
-    }
+    std::visit(
+        [&]<class T>(Payload<T>& payload) {
+          for (auto* p : b.params) {
+            const Slot& slot = where_.at(p);
+            const float* g = p->grad.data();
+            for (int q = 0; q < n; ++q) {
+              const zero::ShardRange r = zero::shard_range(slot.range.numel, n, q);
+              const std::int64_t at = q * b.slice_elements + slot.offset;
+              for (std::int64_t i = 0; i < r.valid(); ++i) payload[static_cast<std::size_t>(at + i)] = T(g[r.begin + i]);
+            }
+            if (zero_stage_ >= 2) p->grad = Tensor{};
+          }
+          if constexpr (std::is_same_v<T, float>) {
+            b.work = dp_->reduce_scatter_async(std::span<const float>(payload), std::span<float>(b.reduced));
+          } else {  // reduced in place: this rank's block of the payload
+            const auto mine = std::span(payload).subspan(static_cast<std::size_t>(b.slice_elements * dp_->rank()),
+                                                         static_cast<std::size_t>(b.slice_elements));
+            b.work = dp_->reduce_scatter_async(std::span<const T>(payload), mine);
+          }
+        },
+        b.payload);
     ++b.reductions;
   }
 
@@ -319,14 +323,14 @@ class GradBuckets {
   void launch(Bucket& b) {
     if (sharded()) return launch_sharded(b);
     if (dp_->size() == 1) return;
-    for_each_slice(b, [&](const float* g, std::int64_t off, std::int64_t n) {
-      if (!b.half.empty())
-        for (std::int64_t i = 0; i < n; ++i) b.half[static_cast<std::size_t>(off + i)] = bf16(g[i]);
-      else
-        std::copy(g, g + n, b.full.begin() + off);
-    });
-    b.work = b.half.empty() ? dp_->all_reduce_async(std::span<float>(b.full))
-                            : dp_->all_reduce_async(std::span<bf16>(b.half));
+    std::visit(
+        [&]<class T>(Payload<T>& payload) {
+          for_each_slice(b, [&](const float* g, std::int64_t off, std::int64_t n) {
+            for (std::int64_t i = 0; i < n; ++i) payload[static_cast<std::size_t>(off + i)] = T(g[i]);
+          });
+          b.work = dp_->all_reduce_async(std::span<T>(payload));
+        },
+        b.payload);
     ++b.reductions;
   }
 
