@@ -4,6 +4,8 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <map>
+#include <string>
 
 #include "dsp/core/tensor.hpp"
 
@@ -15,6 +17,22 @@ inline double relative_error(const Tensor& a, const Tensor& b) {
   for (std::int64_t i = 0; i < a.numel(); ++i) {
     d += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
     n += double(b[i]) * b[i];
+  }
+  return std::sqrt(d / n);
+}
+
+/// The same over named tensors (e.g. every gathered parameter of a model): one norm over all of
+/// them. Both maps must hold the same names and shapes.
+inline double relative_error(const std::map<std::string, Tensor>& a, const std::map<std::string, Tensor>& b) {
+  REQUIRE(a.size() == b.size());
+  double d = 0, n = 0;
+  for (const auto& [name, t] : b) {
+    const Tensor& g = a.at(name);
+    REQUIRE(g.shape() == t.shape());
+    for (std::int64_t i = 0; i < t.numel(); ++i) {
+      d += (double(g[i]) - t[i]) * (double(g[i]) - t[i]);
+      n += double(t[i]) * t[i];
+    }
   }
   return std::sqrt(d / n);
 }

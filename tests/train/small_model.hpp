@@ -16,6 +16,20 @@ inline model::ModelConfig small_model(bool tied = false) {
           .ffn_hidden_size = 64, .seq_length = 16, .tie_word_embeddings = tied};
 }
 
+/// small_model(tied = true) made a DeepSeekMoE model: 3 layers, the first dense, then 8 routed
+/// experts (top-2, renormalised weights, [16]-wide) and one shared expert.
+inline model::ModelConfig small_moe_model() {
+  auto config = small_model(true);
+  config.num_layers = 3;
+  config.num_experts = 8;
+  config.moe_router_topk = 2;
+  config.moe_ffn_hidden_size = 16;
+  config.num_shared_experts = 1;
+  config.first_k_dense_replace = 1;
+  config.moe_router_norm_topk_prob = true;
+  return config;
+}
+
 /// tinyshakespeare.txt from the repository's data/ as windows of seq_length tokens (read once
 /// per length; safe to call from several threads).
 inline const train::TokenDataset& shakespeare(std::int64_t seq_length) {

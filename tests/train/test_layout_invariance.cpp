@@ -16,7 +16,9 @@
 #include "dsp/policy.hpp"
 #include "dsp/train/trainer.hpp"
 #include "../gather_global.hpp"
+#include "../relative_error.hpp"
 #include "small_model.hpp"
+#include "small_train_config.hpp"
 
 using namespace dsp;
 using P = Policy<backend::Host, comm::ThreadComm>;
@@ -40,21 +42,6 @@ Params gather(train::Trainer<P>& trainer, Comm& tp_group, bool tied_copy = false
   return params;
 }
 
-// ||a - b|| / ||b|| over every element of every parameter.
-double relative_error(const Params& a, const Params& b) {
-  double diff = 0, ref = 0;
-  for (const auto& [name, t] : b) {
-    const Tensor& g = a.at(name);
-    REQUIRE(g.shape() == t.shape());
-    for (std::int64_t i = 0; i < t.numel(); ++i) {
-      diff += (double(g[i]) - t[i]) * (double(g[i]) - t[i]);
-      ref += double(t[i]) * t[i];
-    }
-  }
-  return std::sqrt(diff / ref);
-}
-
-
 struct Layout {
   int tp = 1, pp = 1, dp = 1;
   std::int64_t layers_per_virtual_stage = 0;  // interleaved 1F1B when > 0
@@ -69,14 +56,8 @@ struct Layout {
 // routed experts from its expert group (the first EP DP ranks).
 RunResult run(Layout l, const model::ModelConfig& config, int steps, const ep::MoeOptions& moe = {}) {
   const auto& data = test::shakespeare(config.seq_length);
-  train::TrainConfig tc;
-  tc.micro_batch_size = 2;
-  tc.global_batch_size = l.global_batch;
-  tc.train_iters = steps;
-  tc.lr = 3e-3f;
-  tc.lr_warmup_iters = 2;
+  train::TrainConfig tc = test::small_train_config(l.global_batch, steps);
   tc.ddp.overlap_grad_reduce = l.overlap_grad_reduce;
-  tc.ddp.bucket_size_bytes = 4000;  // several buckets per stage
   tc.pipeline.schedule = l.schedule;
   tc.pipeline.num_layers_per_virtual_stage = l.layers_per_virtual_stage;
   tc.moe = moe;
@@ -128,9 +109,9 @@ TEST_CASE("layout invariance: (TP, DP) layouts give the TP1/DP1 losses and param
       }
       // Initialisation is a pure function of (seed, name, global index): bit-identical.
       REQUIRE(r.initial.size() == ref.initial.size());
-      CHECK(relative_error(r.initial, ref.initial) == 0.0);
+      CHECK(test::relative_error(r.initial, ref.initial) == 0.0);
       // After 20 steps: within the loss tolerance, norm-wise over all parameters.
-      CHECK(relative_error(r.final, ref.final) <= 1e-5);
+      CHECK(test::relative_error(r.final, ref.final) <= 1e-5);
     }
   }
 }
@@ -163,8 +144,8 @@ TEST_CASE("layout invariance: (TP, PP, DP) layouts and pipeline schedules give t
         CHECK(std::abs(r.losses[s] - ref.losses[s]) <= 1e-5 * std::abs(ref.losses[s]));
       }
       REQUIRE(r.initial.size() == ref.initial.size());  // every layer built exactly once
-      CHECK(relative_error(r.initial, ref.initial) == 0.0);
-      CHECK(relative_error(r.final, ref.final) <= 1e-5);
+      CHECK(test::relative_error(r.initial, ref.initial) == 0.0);
+      CHECK(test::relative_error(r.final, ref.final) <= 1e-5);
       // The last stage's copy of a tied table took the same steps: bit-identical.
       CHECK(r.final_tied_copies.size() == (tied ? 1u : 0u));
       for (const auto& [name, copy] : r.final_tied_copies) CHECK(copy.values() == r.final.at(name).values());
@@ -194,7 +175,7 @@ TEST_CASE("layout invariance: pipeline corner cases give the TP1/PP1/DP1 losses"
       CAPTURE(s);
       CHECK(std::abs(r.losses[s] - ref.losses[s]) <= 1e-5 * std::abs(ref.losses[s]));
     }
-    CHECK(relative_error(r.final, ref.final) <= 1e-5);
+    CHECK(test::relative_error(r.final, ref.final) <= 1e-5);
     for (const auto& [name, copy] : r.final_tied_copies) CHECK(copy.values() == r.final.at(name).values());
   }
 }
@@ -208,14 +189,7 @@ TEST_CASE("layout invariance: a DeepSeekMoE model gives the same losses at EP 1,
   // bias moves by whole +/- gamma steps from integer loads, so a layout could only differ by a
   // flipped choice, which these 20 steps do not hit.
   for (bool v3 : {false, true}) {
-    auto config = test::small_model(true);
-    config.num_layers = 3;
-    config.num_experts = 8;
-    config.moe_router_topk = 2;
-    config.moe_ffn_hidden_size = 16;
-    config.num_shared_experts = 1;
-    config.first_k_dense_replace = 1;
-    config.moe_router_norm_topk_prob = true;
+    auto config = test::small_moe_model();
     ep::MoeOptions moe;
     if (v3) {
       config.moe_router_score_function = ep::ScoreFunction::Sigmoid;
@@ -247,8 +221,8 @@ TEST_CASE("layout invariance: a DeepSeekMoE model gives the same losses at EP 1,
         CHECK(std::abs(r.grad_norms[s] - ref.grad_norms[s]) <= 1e-5 * std::abs(ref.grad_norms[s]));
       }
       REQUIRE(r.initial.size() == ref.initial.size());  // every expert built exactly once
-      CHECK(relative_error(r.initial, ref.initial) == 0.0);
-      CHECK(relative_error(r.final, ref.final) <= 1e-5);
+      CHECK(test::relative_error(r.initial, ref.initial) == 0.0);
+      CHECK(test::relative_error(r.final, ref.final) <= 1e-5);
     }
   }
 }

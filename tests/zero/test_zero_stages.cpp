@@ -26,7 +26,9 @@
 #include "dsp/train/checkpointing.hpp"
 #include "dsp/train/trainer.hpp"
 #include "../gather_global.hpp"
+#include "../relative_error.hpp"
 #include "../train/small_model.hpp"
+#include "../train/small_train_config.hpp"
 
 using namespace dsp;
 using P = Policy<backend::Host, comm::ThreadComm>;
@@ -49,29 +51,9 @@ struct RunResult {
   Params final;  // parameters and both moments ("exp_avg.<name>", "exp_avg_sq.<name>")
 };
 
-double relative_error(const Params& a, const Params& b) {
-  double diff = 0, ref = 0;
-  REQUIRE(a.size() == b.size());
-  for (const auto& [name, t] : b) {
-    const Tensor& g = a.at(name);
-    REQUIRE(g.shape() == t.shape());
-    for (std::int64_t i = 0; i < t.numel(); ++i) {
-      diff += (double(g[i]) - t[i]) * (double(g[i]) - t[i]);
-      ref += double(t[i]) * t[i];
-    }
-  }
-  return std::sqrt(diff / ref);
-}
-
 train::TrainConfig train_config(const Layout& l, int steps) {
-  train::TrainConfig tc;
-  tc.micro_batch_size = 2;
-  tc.global_batch_size = l.global_batch;
-  tc.train_iters = steps;
-  tc.lr = 3e-3f;
-  tc.lr_warmup_iters = 2;
+  train::TrainConfig tc = test::small_train_config(l.global_batch, steps);
   tc.ddp.overlap_grad_reduce = l.overlap;
-  tc.ddp.bucket_size_bytes = 4000;  // several buckets per stage
   tc.pipeline.num_layers_per_virtual_stage = l.layers_per_virtual_stage;
   tc.zero_stage = l.zero;
   if (l.full_recompute) tc.recompute = model::RecomputeConfig::from_names("full", "uniform", 1);
@@ -129,19 +111,7 @@ void check_same(const RunResult& r, const RunResult& ref) {
     CHECK(std::abs(r.losses[s] - ref.losses[s]) <= 1e-6 * std::abs(ref.losses[s]));
     CHECK(std::abs(r.grad_norms[s] - ref.grad_norms[s]) <= 1e-6 * std::abs(ref.grad_norms[s]));
   }
-  CHECK(relative_error(r.final, ref.final) <= 1e-6);
-}
-
-model::ModelConfig moe_model() {
-  auto config = test::small_model(true);
-  config.num_layers = 3;
-  config.num_experts = 8;
-  config.moe_router_topk = 2;
-  config.moe_ffn_hidden_size = 16;
-  config.num_shared_experts = 1;
-  config.first_k_dense_replace = 1;
-  config.moe_router_norm_topk_prob = true;
-  return config;
+  CHECK(test::relative_error(r.final, ref.final) <= 1e-6);
 }
 
 }  // namespace
@@ -176,7 +146,7 @@ TEST_CASE("ZeRO 3 with an interleaved schedule, full recomputation and tied embe
 }
 
 TEST_CASE("ZeRO with expert parallelism: routed experts partitioned over the expert-data-parallel group") {
-  const auto config = moe_model();
+  const auto config = test::small_moe_model();
   Layout l{.dp = 4, .ep = 2};
   const RunResult ref = run(l, config, 6);
   for (int stage : {1, 2, 3}) {
