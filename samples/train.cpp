@@ -252,9 +252,9 @@ void train(Options& o) {
           *metrics << j.dump() << '\n' << std::flush;
         }
         const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-        const double remaining = elapsed / static_cast<double>(r.iteration - first) *
-                                 static_cast<double>(o.train.train_iters - r.iteration);
-        const std::string eta_text = r.iteration > first ? eta(remaining) : "-";  // nothing stepped yet: no rate
+        const std::int64_t done = trainer.iteration();  // optimizer steps (a skipped step is not one)
+        const double remaining = elapsed / static_cast<double>(done - first) * static_cast<double>(o.train.train_iters - done);
+        const std::string eta_text = done > first ? eta(remaining) : "-";  // nothing stepped yet: no rate
         char line[256];
         std::snprintf(line, sizeof line, "iter %5lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | MFU %.1f%% | eta %s",
                       static_cast<long long>(r.iteration), static_cast<long long>(o.train.train_iters), r.loss, r.lr,
@@ -305,6 +305,9 @@ int main(int argc, char** argv) {
     if (app.count("--initial-loss-scale") > 0) {
       o.train.loss_scaler = o.loss_scaler;
     } else {
+      if (o.train.ddp.grad_reduce_dtype == dsp::dp::GradReduceDType::Fp16)
+        std::fprintf(stderr, "dsp-train: warning: --grad-reduce-dtype fp16 without --initial-loss-scale: gradients "
+                             "outside fp16's range (6e-8 .. 65504) are lost unnoticed\n");
       for (const char* flag : {"--min-loss-scale", "--max-loss-scale", "--loss-scale-window", "--hysteresis",
                                "--loss-scale-growth-factor", "--loss-scale-backoff-factor"})
         DSP_CHECK_AS(dsp::ConfigError, app.count(flag) == 0, flag,

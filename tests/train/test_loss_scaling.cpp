@@ -156,3 +156,44 @@ TEST_CASE("fp16 gradient transport: a scale that overflows it backs off until st
     for (float s : scales) CHECK(s == scales.front());
   }
 }
+
+TEST_CASE("a power-of-two loss scale leaves MoE training (with the aux loss) bitwise unchanged") {
+  // The aux loss's gradient starts inside the MoE layers: it must be scaled like the main loss's.
+  const auto config = test::small_moe_model();
+  std::vector<double> losses[2];
+  for (int scaled : {0, 1}) {
+    auto tc = train_config(1);
+    tc.moe.aux_loss_coeff = 0.01f;
+    if (scaled) tc.loss_scaler = precision::LossScalerConfig{.initial_scale = 1024.0f};
+    comm::launch(2, [&](comm::ThreadComm& world) {
+      DeviceMesh mesh(world, ParallelLayout{.data = 2});
+      train::Trainer<P> trainer(config, tc, mesh, test::shakespeare(config.seq_length));
+      for (int s = 0; s < 5; ++s) {
+        const auto r = trainer.train_step();
+        if (world.rank() == 0) losses[scaled].push_back(r.loss);
+      }
+    });
+  }
+  CHECK(losses[0] == losses[1]);
+}
+
+TEST_CASE("steps that overflow at the minimum loss scale end the run with a message after 10 in a row") {
+  const auto config = test::small_model();
+  auto tc = train_config(0);
+  tc.ddp.grad_reduce_dtype = dp::GradReduceDType::Fp16;
+  tc.loss_scaler = precision::LossScalerConfig{.initial_scale = 1e10f, .min_scale = 1e10f, .max_scale = 1e10f};
+  int attempts = 0;
+  CHECK_THROWS_WITH_AS(comm::launch(2,
+                                    [&](comm::ThreadComm& world) {
+                                      DeviceMesh mesh(world, ParallelLayout{.data = 2});
+                                      train::Trainer<P> trainer(config, tc, mesh, test::shakespeare(config.seq_length));
+                                      for (int s = 0; s < 100; ++s) {
+                                        const auto r = trainer.train_step();
+                                        CHECK(r.skipped);
+                                        CHECK(r.iteration == 1);  // the step it attempted
+                                        if (world.rank() == 0) ++attempts;
+                                      }
+                                    }),
+                       doctest::Contains("10 steps in a row overflowed at the minimum loss scale"), Error);
+  CHECK(attempts == 9);  // the 10th throws
+}

@@ -182,8 +182,8 @@ class MoELayer {
     Tensor dlogits({n, e});
     route_backward<Backend>(router_config_, r, dweights, dlogits.span());
     if (ctx.moe.aux_loss_coeff > 0.0f)
-      sequence_aux_loss_backward<Backend>(router_config_, r, ctx.seq, ctx.moe.aux_loss_coeff, ctx.moe.aux_loss_scale,
-                                          dlogits.span());
+      sequence_aux_loss_backward<Backend>(router_config_, r, ctx.seq, ctx.moe.aux_loss_coeff,
+                                          ctx.moe.aux_loss_scale * ctx.moe.loss_scale, dlogits.span());
     linear_backward_weight(Backend{}, dlogits.data(), s.x.data(), router_.grad.data(), n, hidden_, e);
     Tensor dx_router({n, hidden_});
     linear_backward_input(Backend{}, dlogits.data(), router_.value.data(), dx_router.data(), n, hidden_, e);

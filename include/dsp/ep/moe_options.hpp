@@ -18,6 +18,9 @@ struct MoeOptions {
   /// d(objective) / d(this micro-batch's aux loss): its sequences' share of the global batch
   /// (micro batch / global batch), so the loss is a mean over all sequences of the step.
   float aux_loss_scale = 1.0f;
+  /// The dynamic loss scale the backward runs at (train::TrainConfig::loss_scaler; 1 without):
+  /// multiplies the aux loss's gradient like the main loss's, not the aux loss reported.
+  float loss_scale = 1.0f;
 };
 
 }  // namespace dsp::ep

@@ -14,9 +14,10 @@
 // The hysteresis tracker is restored only when the scale grows, not on a clean step: two
 // overflows with clean steps between them still back off, and once it reaches 0 every
 // further overflow backs off until the next growth. Megatron has no upper bound; dsp adds
-// `max_scale` (scale = min(scale * growth_factor, max_scale)). The defaults of initial_scale
-// (2^16) and max_scale (2^24) are ColossalAI's DynamicGradScaler's
-// (colossalai/amp/naive_amp/grad_scaler/dynamic_grad_scaler.py); Megatron passes the factors
+// `max_scale` (scale = min(scale * growth_factor, max_scale)). The default initial_scale
+// (2^16) is ColossalAI's DynamicGradScaler's
+// (colossalai/amp/naive_amp/grad_scaler/dynamic_grad_scaler.py); max_scale's 2^24 is dsp's own
+// cap (that class has none by default); Megatron passes the factors
 // as constants (growth 2, backoff 0.5; megatron/core/optimizer/__init__.py). The scale and
 // its products are fp32, as Megatron's scale tensor.
 #include <algorithm>
@@ -39,7 +40,7 @@ struct LossScalerConfig {
   float initial_scale = 65536.0f;
   /// --min-loss-scale: the scale never backs off below this. Default 1 (Megatron).
   float min_scale = 1.0f;
-  /// --max-loss-scale: the scale never grows above this (finite). Default 2^24 (ColossalAI;
+  /// --max-loss-scale: the scale never grows above this (finite). Default 2^24 (dsp's choice;
   /// Megatron has no bound).
   float max_scale = 16777216.0f;
   /// --loss-scale-growth-factor: multiplier on growth, > 1. Default 2 (Megatron's constant).

@@ -77,7 +77,10 @@ struct TrainConfig {
   /// Dynamic loss scaling (the scaler of Fp16Mixed; null: none): the backward starts from the
   /// loss times the scale, the reduced gradients are multiplied by 1 / scale, and a step whose
   /// gradients hold an infinity or NaN on any rank is skipped by every rank (parameters,
-  /// moments, optimizer step count and so the LR position unchanged) while the scale backs off.
+  /// moments, MoE expert biases, optimizer step count and so the LR position unchanged) while the
+  /// scale backs off. After 10 skips in a row at the minimum scale train_step throws Error: the
+  /// gradients are not finite at any allowed scale (a NaN in the model or data, or
+  /// --min-loss-scale too large), and skipping further would only consume data.
   std::optional<precision::LossScalerConfig> loss_scaler;
 };
 
@@ -124,7 +127,8 @@ struct StepResult {
   /// Every MoE layer of the model (all pipeline stages), by layer; empty for a dense model.
   std::vector<MoeStepStats> moe;
   /// With loss scaling: the scale this step's backward used, and whether an overflow on some
-  /// rank made every rank skip the update (then grad_norm is NaN and iteration is unchanged).
+  /// rank made every rank skip the update (then grad_norm is NaN, `iteration` is the step it
+  /// attempted, and the next step attempts it again).
   float loss_scale = 1.0f;
   bool skipped = false;
 };
@@ -193,6 +197,7 @@ class Trainer {
     ctx.moe = tc_.moe;
     ctx.recompute = tc_.recompute;
     ctx.moe.aux_loss_scale = static_cast<float>(double(tc_.micro_batch_size) / double(tc_.global_batch_size));
+    ctx.moe.loss_scale = static_cast<float>(loss_scale);
     for (auto* m : moe_layers()) m->stats().clear();
     typename pp::Engine<Comm>::Hooks hooks;
     hooks.forward = [&](int m, int s, Tensor x) {
@@ -247,7 +252,13 @@ class Trainer {
     }
     mesh_->data_group().all_reduce(std::span(loss_sum));
     mesh_->pipeline_group().all_reduce(std::span(loss_sum));  // from the last stage
-    r.iteration = optimizer_.steps();
+    r.iteration = optimizer_.steps() + (r.skipped ? 1 : 0);
+    if (r.skipped && r.loss_scale <= tc_.loss_scaler->min_scale && ++skips_at_min_scale_ >= 10)
+      throw Error("loss scaling: 10 steps in a row overflowed at the minimum loss scale " +
+                  std::to_string(r.loss_scale) +
+                  " (--min-loss-scale): the gradients are not finite at any allowed scale (a NaN in the model or "
+                  "data, or --min-loss-scale too large)");
+    if (!r.skipped) skips_at_min_scale_ = 0;
     r.loss = loss_sum[0] / loss_tokens;
     r.tokens = tc_.global_batch_size * seq;
     r.bubble_fraction = mesh_->pp_size() > 1 ? pp::pipeline_bubble_fraction(mesh_->pipeline_group(), stats) : 0.0;
@@ -464,6 +475,7 @@ class Trainer {
   zero::WarmupCosine schedule_;
   std::unique_ptr<Comm> embedding_group_;  // first and last pipeline rank (tied embeddings over stages)
   std::optional<precision::DynamicLossScaler> scaler_;
+  int skips_at_min_scale_ = 0;  // consecutive skipped steps at the minimum loss scale
   std::function<void(Trainer&)> grad_hook_;
 };
 
