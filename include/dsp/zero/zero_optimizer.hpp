@@ -96,16 +96,17 @@ class ZeroOptimizer {
   ZeroOptimizer(const ZeroOptimizer&) = delete;
   ZeroOptimizer& operator=(const ZeroOptimizer&) = delete;
   /// Waits for a prefetch still in flight. While an exception unwinds this rank (its peers may
-  /// never join that all-gather, or the communicator aborted it) it does not wait: the buffers go
-  /// to a process-lifetime store (comm::detail::keep_until_exit) for the communicator to finish
-  /// or abort the operation on.
+  /// never join that all-gather, or the communicator aborted it while a peer still copies) it
+  /// does not wait: the prefetch buffers and every slice and moment go to a process-lifetime
+  /// store (comm::detail::keep_until_exit) for the communicator to finish or abort on.
   ~ZeroOptimizer() {
+    if (std::uncaught_exceptions() > 0) {  // peers may still read our slices or write our buffers
+      for (auto& g : prefetch_) comm::detail::keep_until_exit(std::move(g.all));
+      comm::detail::keep_until_exit(std::move(slots_));
+      return;
+    }
     for (auto& g : prefetch_) {
       if (g.work.completed()) continue;
-      if (std::uncaught_exceptions() > 0) {
-        comm::detail::keep_until_exit(std::move(g.all));
-        continue;
-      }
       try {
         g.work.wait();
       } catch (...) {  // a destructor must not throw; the failure was reported where it happened
@@ -350,9 +351,17 @@ class ZeroOptimizer {
       std::copy_n(s.p->value.data() + s.range.begin, s.range.valid(), o.mine.begin());
       o.work = s.buckets->group().all_gather_async(std::span<const float>(o.mine), std::span<float>(o.all));
     }
-    for (auto& o : outs) {
-      o.work.wait();
-      std::copy_n(o.all.begin(), o.slot->p->value.numel(), o.slot->p->value.data());
+    try {
+      for (auto& o : outs) {
+        o.work.wait();
+        std::copy_n(o.all.begin(), o.slot->p->value.numel(), o.slot->p->value.data());
+      }
+    } catch (...) {  // a peer failed: others may still read `mine` or write `all`
+      for (auto& o : outs) {
+        comm::detail::keep_until_exit(std::move(o.mine));
+        comm::detail::keep_until_exit(std::move(o.all));
+      }
+      throw;
     }
   }
 
