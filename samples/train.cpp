@@ -50,7 +50,8 @@ struct Options {
   dsp::train::TrainConfig train;
   std::int64_t eval_interval = 0, save_interval = 0, exit_interval = 0, log_interval = 10;
   std::string data_path, save, load, metrics_file, grad_reduce_dtype = "fp32";
-  dsp::precision::LossScalerConfig loss_scaler;  // used when --initial-loss-scale is given
+  dsp::precision::LossScalerConfig loss_scaler;  // used when --initial-loss-scale or --fp16 is given
+  bool bf16 = false, fp16 = false;                // --bf16, --fp16: the precision policy
   double peak_flops = 0;
   std::string profile_file;
   std::int64_t profile_step_start = 2, profile_step_end = 4;  // steps 2 and 3: past step 1's warm-up
@@ -93,8 +94,15 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--ddp-bucket-size", o.train.ddp.bucket_size_bytes, "bytes of gradients per data-parallel all-reduce bucket");
   app.add_flag("--overlap-grad-reduce,!--no-overlap-grad-reduce", o.train.ddp.overlap_grad_reduce,
                "start each bucket's all-reduce during backward (identical results)");
+  auto* bf16 = app.add_flag("--bf16", o.bf16,
+                            "bf16 mixed precision: bf16 parameters and gradients (reduced in bf16), fp32 master weights and "
+                            "Adam moments (2 + 2 + 12 bytes per parameter before ZeRO)");
+  app.add_flag("--fp16", o.fp16, "fp16 mixed precision: as --bf16 with fp16, and dynamic loss scaling (the defaults of "
+                                 "the loss-scale flags unless given)")
+      ->excludes(bf16);
   app.add_option("--grad-reduce-dtype", o.grad_reduce_dtype,
-                 "dtype of the data-parallel gradient all-reduce: fp32, bf16 or fp16 (fp16: use with --initial-loss-scale)")
+                 "dtype of the data-parallel gradient all-reduce: fp32, bf16 or fp16 (fp16: use with --initial-loss-scale); "
+                 "with --bf16 / --fp16 the gradients are kept and reduced in that type")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   app.add_option("--initial-loss-scale", o.loss_scaler.initial_scale,
                  "turns on dynamic loss scaling from this scale: a step whose gradients overflow (e.g. fp16 transport) "
@@ -197,97 +205,105 @@ void train(Options& o) {
   const bool tty = isatty(fileno(stdout)) && !samples::started_by_mpiexec();  // mpiexec forwards a pty: keep log lines
 
   samples::run_ranks(o.world_size, [&]<class Comm>(Comm& world) {  // ThreadComm, or MpiComm under mpiexec
-    using P = dsp::Policy<dsp::backend::Host, Comm>;
-    dsp::DeviceMesh mesh(world, dsp::ParallelLayout{.tensor = o.tensor_parallel, .pipeline = o.pipeline_parallel,
-                                                    .expert = o.expert_parallel});
-    dsp::train::Trainer<P> trainer(o.model, o.train, mesh, data);
-    if (!o.load.empty()) dsp::train::load_checkpoint(o.load, trainer);
-    const bool lead = world.rank() == 0;
-    std::optional<std::ofstream> metrics;
-    if (lead) {
-      std::printf("dsp-train: %s, %lld parameters, ZeRO stage %d, gradient accumulation %lld x micro-batch %lld per DP rank, peak %.1f GFLOP/s\n",
-                  mesh.layout().str().c_str(), static_cast<long long>(o.model.num_parameters()), o.train.zero_stage,
-                  static_cast<long long>(trainer.sampler().accumulation_steps()),
-                  static_cast<long long>(o.train.micro_batch_size), o.peak_flops / 1e9);
-      if (o.print_schedule) std::printf("%s", dsp::pp::to_table(trainer.engine().schedule()).c_str());
-      if (!o.metrics_file.empty()) {
-        metrics.emplace(o.metrics_file, trainer.iteration() > 0 ? std::ios::app : std::ios::trunc);
-        DSP_CHECK_AS(dsp::InputError, metrics->good(), "cannot write metrics file '", o.metrics_file, "'");
-      }
-    }
-    const auto t_start = std::chrono::steady_clock::now();
-    const std::int64_t first = trainer.iteration();
-    RoutingTable routing;
-    bool tracing = false;  // this rank records the trace: step in [profile_step_start, profile_step_end)
-    const auto trace_before = [&](std::int64_t step) {
-      const bool on = !o.profile_file.empty() && step >= o.profile_step_start && step < o.profile_step_end;
-      if (on != tracing) on ? dsp::trace::start() : dsp::trace::stop();
-      tracing = on;
-    };
-    while (trainer.iteration() < o.train.train_iters) {
-      trace_before(trainer.iteration() + 1);
-      const auto r = trainer.train_step();  // a profiled step's evaluation and save are in its trace too
-      const bool stepped = !r.skipped;       // a skipped step (loss-scale overflow) did not advance the iteration
-      const bool last = stepped && r.iteration == o.train.train_iters;
-      const bool stop = last || (stepped && o.exit_interval > 0 && r.iteration % o.exit_interval == 0);
-      const bool eval = last || (stepped && o.eval_interval > 0 && r.iteration % o.eval_interval == 0);
-      const double val = eval ? trainer.evaluate() : 0.0;
-      if (!o.save.empty() && (stop || (stepped && o.save_interval > 0 && r.iteration % o.save_interval == 0)))
-        dsp::train::save_checkpoint(o.save, trainer);
+    // The precision policy is a compile-time choice (dsp::Policy): one trainer type per --bf16 / --fp16.
+    const auto run = [&]<class Precision>() {
+      using P = dsp::Policy<dsp::backend::Host, Comm, Precision>;
+      dsp::DeviceMesh mesh(world, dsp::ParallelLayout{.tensor = o.tensor_parallel, .pipeline = o.pipeline_parallel,
+                                                      .expert = o.expert_parallel});
+      dsp::train::Trainer<P> trainer(o.model, o.train, mesh, data);
+      if (!o.load.empty()) dsp::train::load_checkpoint(o.load, trainer);
+      const bool lead = world.rank() == 0;
+      std::optional<std::ofstream> metrics;
       if (lead) {
-        const double tps = static_cast<double>(r.tokens) / r.seconds;
-        const double mfu = dsp::train::mfu(flops_per_token, tps, o.peak_flops);
-        if (metrics) {
-          nlohmann::json j = {{"step", r.iteration}, {"loss", r.loss},         {"lr", r.lr},
-                              {"grad_norm", r.grad_norm}, {"tokens_per_s", tps}, {"mfu", mfu},
-                              {"step_time_s", r.seconds}, {"bubble_fraction", r.bubble_fraction},
-                              {"peak_activation_bytes", r.peak_activation_bytes}};
-          if (eval) j["val_loss"] = val;
-          if (trainer.loss_scaler()) {
-            j["loss_scale"] = r.loss_scale;
-            j["skipped"] = r.skipped;
+        std::printf("dsp-train: %s, %lld parameters, %s precision, ZeRO stage %d, gradient accumulation %lld x micro-batch %lld per DP rank, peak %.1f GFLOP/s\n",
+                    mesh.layout().str().c_str(), static_cast<long long>(o.model.num_parameters()),
+                    P::Precision::name,
+                    o.train.zero_stage,
+                    static_cast<long long>(trainer.sampler().accumulation_steps()),
+                    static_cast<long long>(o.train.micro_batch_size), o.peak_flops / 1e9);
+        if (o.print_schedule) std::printf("%s", dsp::pp::to_table(trainer.engine().schedule()).c_str());
+        if (!o.metrics_file.empty()) {
+          metrics.emplace(o.metrics_file, trainer.iteration() > 0 ? std::ios::app : std::ios::trunc);
+          DSP_CHECK_AS(dsp::InputError, metrics->good(), "cannot write metrics file '", o.metrics_file, "'");
+        }
+      }
+      const auto t_start = std::chrono::steady_clock::now();
+      const std::int64_t first = trainer.iteration();
+      RoutingTable routing;
+      bool tracing = false;  // this rank records the trace: step in [profile_step_start, profile_step_end)
+      const auto trace_before = [&](std::int64_t step) {
+        const bool on = !o.profile_file.empty() && step >= o.profile_step_start && step < o.profile_step_end;
+        if (on != tracing) on ? dsp::trace::start() : dsp::trace::stop();
+        tracing = on;
+      };
+      while (trainer.iteration() < o.train.train_iters) {
+        trace_before(trainer.iteration() + 1);
+        const auto r = trainer.train_step();  // a profiled step's evaluation and save are in its trace too
+        const bool stepped = !r.skipped;       // a skipped step (loss-scale overflow) did not advance the iteration
+        const bool last = stepped && r.iteration == o.train.train_iters;
+        const bool stop = last || (stepped && o.exit_interval > 0 && r.iteration % o.exit_interval == 0);
+        const bool eval = last || (stepped && o.eval_interval > 0 && r.iteration % o.eval_interval == 0);
+        const double val = eval ? trainer.evaluate() : 0.0;
+        if (!o.save.empty() && (stop || (stepped && o.save_interval > 0 && r.iteration % o.save_interval == 0)))
+          dsp::train::save_checkpoint(o.save, trainer);
+        if (lead) {
+          const double tps = static_cast<double>(r.tokens) / r.seconds;
+          const double mfu = dsp::train::mfu(flops_per_token, tps, o.peak_flops);
+          if (metrics) {
+            nlohmann::json j = {{"step", r.iteration}, {"loss", r.loss},         {"lr", r.lr},
+                                {"grad_norm", r.grad_norm}, {"tokens_per_s", tps}, {"mfu", mfu},
+                                {"step_time_s", r.seconds}, {"bubble_fraction", r.bubble_fraction},
+                                {"peak_activation_bytes", r.peak_activation_bytes}};
+            if (eval) j["val_loss"] = val;
+            if (trainer.loss_scaler()) {
+              j["loss_scale"] = r.loss_scale;
+              j["skipped"] = r.skipped;
+            }
+            j["memory"] = memory_json(r.memory);
+            if (!r.moe.empty()) j["moe"] = moe_json(r.moe);
+            *metrics << j.dump() << '\n' << std::flush;
           }
-          j["memory"] = memory_json(r.memory);
-          if (!r.moe.empty()) j["moe"] = moe_json(r.moe);
-          *metrics << j.dump() << '\n' << std::flush;
+          const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+          const std::int64_t done = trainer.iteration();  // optimizer steps (a skipped step is not one)
+          const double remaining = elapsed / static_cast<double>(done - first) * static_cast<double>(o.train.train_iters - done);
+          const std::string eta_text = done > first ? eta(remaining) : "-";  // nothing stepped yet: no rate
+          char line[256];
+          std::snprintf(line, sizeof line, "iter %5lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | MFU %.1f%% | eta %s",
+                        static_cast<long long>(r.iteration), static_cast<long long>(o.train.train_iters), r.loss, r.lr,
+                        r.grad_norm, tps, 100 * mfu, eta_text.c_str());
+          if (r.skipped)
+            std::snprintf(line + std::strlen(line), sizeof line - std::strlen(line), " | skipped: overflow at loss scale %g",
+                          double(r.loss_scale));
+          if (tty) std::printf("\r%s\033[K", line);
+          if (eval || r.skipped || (!tty && (r.iteration % o.log_interval == 0 || stop))) {
+            if (tty) std::printf("\n");
+            std::printf(eval ? "%s | val loss %.4f\n" : "%s\n", line, val);
+          }
+          std::fflush(stdout);
+          routing.add(r.moe);
         }
-        const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-        const std::int64_t done = trainer.iteration();  // optimizer steps (a skipped step is not one)
-        const double remaining = elapsed / static_cast<double>(done - first) * static_cast<double>(o.train.train_iters - done);
-        const std::string eta_text = done > first ? eta(remaining) : "-";  // nothing stepped yet: no rate
-        char line[256];
-        std::snprintf(line, sizeof line, "iter %5lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | MFU %.1f%% | eta %s",
-                      static_cast<long long>(r.iteration), static_cast<long long>(o.train.train_iters), r.loss, r.lr,
-                      r.grad_norm, tps, 100 * mfu, eta_text.c_str());
-        if (r.skipped)
-          std::snprintf(line + std::strlen(line), sizeof line - std::strlen(line), " | skipped: overflow at loss scale %g",
-                        double(r.loss_scale));
-        if (tty) std::printf("\r%s\033[K", line);
-        if (eval || r.skipped || (!tty && (r.iteration % o.log_interval == 0 || stop))) {
-          if (tty) std::printf("\n");
-          std::printf(eval ? "%s | val loss %.4f\n" : "%s\n", line, val);
-        }
-        std::fflush(stdout);
-        routing.add(r.moe);
+        if (stop) break;
       }
-      if (stop) break;
-    }
-    if (!o.profile_file.empty()) {
-      trace_before(0);
-      dsp::trace::write_chrome_trace(world, o.profile_file);  // every rank's events, written by rank 0
+      if (!o.profile_file.empty()) {
+        trace_before(0);
+        dsp::trace::write_chrome_trace(world, o.profile_file);  // every rank's events, written by rank 0
+        if (lead) {
+          const bool any = std::max(first + 1, o.profile_step_start) < std::min(trainer.iteration() + 1, o.profile_step_end);
+          std::printf("trace of steps [%lld, %lld) in %s%s\n", static_cast<long long>(o.profile_step_start),
+                      static_cast<long long>(o.profile_step_end), o.profile_file.c_str(),
+                      any ? "" : " (empty: this run trained none of those steps)");
+        }
+      }
       if (lead) {
-        const bool any = std::max(first + 1, o.profile_step_start) < std::min(trainer.iteration() + 1, o.profile_step_end);
-        std::printf("trace of steps [%lld, %lld) in %s%s\n", static_cast<long long>(o.profile_step_start),
-                    static_cast<long long>(o.profile_step_end), o.profile_file.c_str(),
-                    any ? "" : " (empty: this run trained none of those steps)");
+        routing.print();
+        const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+        std::printf("trained %lld steps in %.1f s%s%s\n", static_cast<long long>(trainer.iteration() - first), elapsed,
+                    o.save.empty() ? "" : ", checkpoint in ", o.save.c_str());
       }
-    }
-    if (lead) {
-      routing.print();
-      const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-      std::printf("trained %lld steps in %.1f s%s%s\n", static_cast<long long>(trainer.iteration() - first), elapsed,
-                  o.save.empty() ? "" : ", checkpoint in ", o.save.c_str());
-    }
+    };
+    if (o.bf16) run.template operator()<dsp::precision::Bf16Mixed>();
+    else if (o.fp16) run.template operator()<dsp::precision::Fp16Mixed>();
+    else run.template operator()<dsp::precision::Fp32>();
   });
 }
 
@@ -302,7 +318,7 @@ int main(int argc, char** argv) {
                                    {"--moe-router-bias-update-rate", "--moe-aux-loss-coeff",
                                     "--moe-expert-capacity-factor", "--moe-token-drop-policy"});
     o.train.ddp.grad_reduce_dtype = dsp::dp::grad_reduce_dtype_from_name(o.grad_reduce_dtype);
-    if (app.count("--initial-loss-scale") > 0) {
+    if (app.count("--initial-loss-scale") > 0 || o.fp16) {  // --fp16: dynamic loss scaling always
       o.train.loss_scaler = o.loss_scaler;
     } else {
       if (o.train.ddp.grad_reduce_dtype == dsp::dp::GradReduceDType::Fp16)
@@ -311,7 +327,7 @@ int main(int argc, char** argv) {
       for (const char* flag : {"--min-loss-scale", "--max-loss-scale", "--loss-scale-window", "--hysteresis",
                                "--loss-scale-growth-factor", "--loss-scale-backoff-factor"})
         DSP_CHECK_AS(dsp::ConfigError, app.count(flag) == 0, flag,
-                     " needs --initial-loss-scale (dynamic loss scaling is on only with it)");
+                     " needs --initial-loss-scale or --fp16 (dynamic loss scaling is on only with them)");
     }
     o.train.recompute = o.recompute_flags.config();
     o.train.moe.drop_policy = o.token_drop_policy == "position" ? dsp::ep::DropPolicy::Position : dsp::ep::DropPolicy::Probability;

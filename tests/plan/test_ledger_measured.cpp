@@ -7,8 +7,8 @@
 // Tolerance: none, the bytes are equal. The ledger enumerates the exact parameter list the
 // stages build (plan/parameters.hpp) and, at ZeRO stage 0 in fp32, each kind of state is 4
 // bytes (8 for the two moments) per element, unsharded and unpadded; the payload is 4 bytes per
-// gradient element. A second case measures ZeRO 0-3 at DP 4 (model state only). fp32 only:
-// the trainer has no mixed precision yet. The ledger's pipeline receive buffers (2 x [tokens, hidden] with PP > 1)
+// gradient element. Further cases measure ZeRO 0-3 at DP 4 (model state only) in fp32 and in
+// bf16 / fp16 mixed precision. The ledger's pipeline receive buffers (2 x [tokens, hidden] with PP > 1)
 // are allocated by pp::Engine during the step, not by the buckets, so they are left out of the
 // communication comparison.
 #include <doctest/doctest.h>
@@ -100,13 +100,13 @@ TEST_CASE("ledger vs measured: model state and gradient buckets per rank at ZeRO
   }
 }
 
-TEST_CASE("ledger vs measured: parameters + gradients + optimizer state per rank at ZeRO 0, 1, 2, 3 (DP 4, fp32)") {
-  // What each rank holds between steps, measured after a step, against the ledger and against
-  // the ZeRO paper's bytes per parameter in fp32 (16, 8 + 8/N, 4 + 12/N, 16/N; section 3.1 with
-  // K = 8 for fp32 Adam without a master copy; plan/model_state.hpp).
-  // Tolerance 5 %: ZeroOptimizer pads each parameter to a multiple of N (zero/partition.hpp),
-  // the ledger and the paper pad the rank's whole flat buffer once; the small model's
-  // [127, 32] embedding and output layer each lose up to 3 elements, well under 1 %.
+// What each rank holds between steps, measured after a step, against the ledger and against the
+// ZeRO paper's bytes per parameter (plan/model_state.hpp) for `precision` (trained with policy Pol).
+// Tolerance 5 %: ZeroOptimizer pads each parameter to a multiple of N (zero/partition.hpp),
+// the ledger and the paper pad the rank's whole flat buffer once; the small model's
+// [127, 32] embedding and output layer each lose up to 3 elements, well under 1 %.
+template <class Pol>
+void zero_state_vs_ledger(plan::Precision precision) {
   const model::ModelConfig config = test::small_model();
   const int dp = 4;
   for (int stage : {0, 1, 2, 3}) {
@@ -119,20 +119,20 @@ TEST_CASE("ledger vs measured: parameters + gradients + optimizer state per rank
     plan::TrainingPlan plan;
     plan.model = config;
     plan.layout = {.tensor = 1, .pipeline = 1, .data = dp, .expert = 1};
-    plan.precision = plan::Precision::Fp32;
+    plan.precision = precision;
     plan.zero_stage = stage;
     plan.micro_batch_size = tc.micro_batch_size;
     plan.global_batch_size = tc.global_batch_size;
     const plan::TrainingPrediction predicted = plan::predict_training(plan);
     const plan::MemoryLedger& ledger = predicted.worst_rank().bytes;
     const std::int64_t elements = predicted.worst_rank().elements.dense;
-    const double paper = plan::bytes_per_parameter(plan::Precision::Fp32, stage, dp) * double(elements);
+    const double paper = plan::bytes_per_parameter(precision, stage, dp) * double(elements);
     std::mutex mu;
     std::vector<std::int64_t> measured;
     comm::launch(dp, [&](comm::ThreadComm& world) {
       const memory::Snapshot before = memory::snapshot();
       DeviceMesh mesh(world, plan.layout);
-      train::Trainer<P> trainer(config, tc, mesh, test::shakespeare(config.seq_length));
+      train::Trainer<Pol> trainer(config, tc, mesh, test::shakespeare(config.seq_length));
       trainer.train_step();
       const std::int64_t state = grown(before, Category::Parameters) + grown(before, Category::Gradients) +
                                  grown(before, Category::OptimizerState);
@@ -147,9 +147,23 @@ TEST_CASE("ledger vs measured: parameters + gradients + optimizer state per rank
       CHECK(std::abs(double(m) - double(ledger.parameters + ledger.gradients + ledger.optimizer_state)) <=
             0.05 * double(ledger.parameters + ledger.gradients + ledger.optimizer_state));
       CHECK(std::abs(double(m) - paper) <= 0.05 * paper);
-      MESSAGE("ZeRO ", stage, ": measured ", m, " bytes = ", double(m) / double(elements),
+      MESSAGE(plan::to_string(precision), " ZeRO ", stage, ": measured ", m, " bytes = ", double(m) / double(elements),
               " per parameter; ledger ", ledger.parameters + ledger.gradients + ledger.optimizer_state, "; paper ",
               paper);
     }
   }
+}
+
+TEST_CASE("ledger vs measured: parameters + gradients + optimizer state per rank at ZeRO 0, 1, 2, 3 (DP 4, fp32)") {
+  // The ZeRO paper's figures in fp32: 16, 8 + 8/N, 4 + 12/N, 16/N (section 3.1 with K = 8 for
+  // fp32 Adam without a master copy).
+  zero_state_vs_ledger<P>(plan::Precision::Fp32);
+}
+
+TEST_CASE("ledger vs measured: parameters + gradients + optimizer state per rank at ZeRO 0, 1, 2, 3 (DP 4, bf16 and fp16 mixed)") {
+  // The ZeRO paper's mixed-precision figures: 16, 4 + 12/N, 2 + 14/N, 16/N (section 3.1, K = 12:
+  // fp32 master weights and moments); 16-bit parameters (Parameters) and gradients (the buckets'
+  // payload, Gradients).
+  zero_state_vs_ledger<Policy<backend::Host, comm::ThreadComm, precision::Bf16Mixed>>(plan::Precision::Bf16Mixed);
+  zero_state_vs_ledger<Policy<backend::Host, comm::ThreadComm, precision::Fp16Mixed>>(plan::Precision::Fp16Mixed);
 }

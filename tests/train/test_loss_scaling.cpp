@@ -5,7 +5,7 @@
 // step count and LR position bitwise unchanged, the scale backed off to the same value
 // everywhere) and training continues, at ZeRO 0 and 2. (fp32 gradients do not overflow from
 // the scale alone: the largest fp32 scale times these gradients stays finite, so the fault is
-// injected through Trainer::set_grad_hook.)
+// injected through Trainer::set_grad_hook.) The same with precision::Fp16Mixed (fp16 gradients).
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -35,8 +35,9 @@ train::TrainConfig train_config(int zero_stage) {
   return tc;
 }
 
-// This rank's parameter values and (whole) moments, flattened.
-std::vector<float> snapshot(train::Trainer<P>& t) {
+// This rank's parameter values (mixed precision: the master weights) and (whole) moments, flattened.
+template <class Pol>
+std::vector<float> snapshot(train::Trainer<Pol>& t) {
   auto& opt = t.optimizer();
   opt.gather_for_checkpoint();
   std::vector<float> out;
@@ -70,7 +71,10 @@ TEST_CASE("a power-of-two loss scale trains bitwise like no scaling") {
   CHECK(losses[0] == losses[1]);
 }
 
-TEST_CASE("an infinity in one gradient on one rank: every rank skips the step, the scale backs off, training continues") {
+// The fault injection of the next two test cases, trained with policy Pol.
+template <class Pol>
+void skip_on_injected_infinity() {
+  using Storage = typename train::Trainer<Pol>::Storage;
   const auto config = test::small_model(/*tied=*/true);
   for (int zero_stage : {0, 2}) {
     CAPTURE(zero_stage);
@@ -81,13 +85,13 @@ TEST_CASE("an infinity in one gradient on one rank: every rank skips the step, t
     std::vector<float> scales_after;
     comm::launch(8, [&](comm::ThreadComm& world) {
       DeviceMesh mesh(world, ParallelLayout{.tensor = 2, .pipeline = 2, .data = 2});
-      train::Trainer<P> trainer(config, tc, mesh, test::shakespeare(config.seq_length));
+      train::Trainer<Pol> trainer(config, tc, mesh, test::shakespeare(config.seq_length));
       int step = 0;
-      trainer.set_grad_hook([&](train::Trainer<P>& t) {
+      trainer.set_grad_hook([&](train::Trainer<Pol>& t) {
         if (step != inject_step || world.rank() != inject_rank) return;
         for (std::size_t i = 0; i < t.optimizer().parameters().size(); ++i)
           if (auto g = t.optimizer().gradient(i); !g.empty()) {
-            g[g.size() / 2] = std::numeric_limits<float>::infinity();
+            g[g.size() / 2] = Storage(std::numeric_limits<float>::infinity());
             return;
           }
       });
@@ -118,6 +122,16 @@ TEST_CASE("an infinity in one gradient on one rank: every rank skips the step, t
     REQUIRE(scales_after.size() == 8);
     for (float s : scales_after) CHECK(s == 2048.0f);  // identical on every rank
   }
+}
+
+TEST_CASE("an infinity in one gradient on one rank: every rank skips the step, the scale backs off, training continues") {
+  skip_on_injected_infinity<P>();
+}
+
+TEST_CASE("Fp16Mixed: an infinity in one fp16 gradient on one rank skips the step on every rank alike") {
+  // The same with fp16 parameters and gradients and fp32 master weights: the snapshot compares
+  // the master weights and moments.
+  skip_on_injected_infinity<Policy<backend::Host, comm::ThreadComm, precision::Fp16Mixed>>();
 }
 
 TEST_CASE("fp16 gradient transport: a scale that overflows it backs off until steps succeed, on every rank alike") {

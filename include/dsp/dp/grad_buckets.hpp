@@ -20,6 +20,12 @@
 // From stage 2 the full gradients are released as soon as they are packed, and the payload
 // lives only from the bucket's launch to finish(): what stays between steps is the owned
 // slice of each gradient.
+//
+// Mixed precision (precision::Bf16Mixed / Fp16Mixed; `mixed_precision`): the payload, in the
+// 16-bit communication dtype, is where the gradients are kept (the fp16 gradients of the ZeRO
+// paper, section 3.1): every full fp32 gradient is released once packed, at every stage; the
+// sums stay in the payload (stages 0 and 1, counted as Gradients, allocated even with one DP
+// rank) or in a 16-bit copy of the owned slices (from stage 2); reduced<T>() reads them.
 #include <cstdint>
 #include <algorithm>
 #include <exception>
@@ -90,11 +96,15 @@ class GradBuckets {
   /// Communication at stage 1 (the full gradients stay) and Gradients from stage 2, where the
   /// payload exists only while a reduction is in flight and every full gradient is released
   /// (Tensor{}) once packed: whoever accumulates into it next must allocate it again.
+  /// mixed_precision: the gradients are kept in the 16-bit grad_reduce_dtype (see the top of the
+  /// file); every full gradient is released once packed. Throws ConfigError when it is fp32.
   GradBuckets(Comm& dp, const std::vector<model::Parameter*>& params, DdpConfig config,
-              const model::Parameter* own_bucket = nullptr, int zero_stage = 0)
-      : dp_(&dp), config_(config), zero_stage_(zero_stage) {
+              const model::Parameter* own_bucket = nullptr, int zero_stage = 0, bool mixed_precision = false)
+      : dp_(&dp), config_(config), zero_stage_(zero_stage), mixed_(mixed_precision) {
     DSP_CHECK_AS(ConfigError, config.bucket_size_bytes >= 1, "--ddp-bucket-size must be >= 1 byte, got ",
                  config.bucket_size_bytes);
+    DSP_CHECK_AS(ConfigError, !mixed_ || config.grad_reduce_dtype != GradReduceDType::Fp32,
+                 "mixed precision keeps the gradients in 16 bits: --grad-reduce-dtype must be bf16 or fp16");
     const std::int64_t elem = config.grad_reduce_dtype == GradReduceDType::Fp32 ? 4 : 2;
     for (auto* p : params) {
       const std::int64_t bytes = p->grad.numel() * elem;
@@ -104,7 +114,7 @@ class GradBuckets {
         buckets_.emplace_back();
       Bucket& b = buckets_.back();
       const zero::ShardRange range = zero::shard_range(p->grad.numel(), dp.size(), dp.rank());
-      where_[p] = {static_cast<int>(buckets_.size() - 1), b.slice_elements, range};
+      where_[p] = {static_cast<int>(buckets_.size() - 1), b.slice_elements, b.elements, range};
       b.params.push_back(p);
       b.elements += p->grad.numel();
       b.slice_elements += range.size;
@@ -112,7 +122,10 @@ class GradBuckets {
     std::int64_t elements = 0;
     for (auto& b : buckets_) {
       elements += b.elements;
-      if (sharded()) {
+      if (mixed_) {  // the payload holds the gradients; from stage 2 only while in flight
+        if (zero_stage >= 2) b.reduced = make_payload(config.grad_reduce_dtype, b.slice_elements, memory::Category::Gradients);
+        else allocate_payload(b);
+      } else if (sharded()) {
         b.reduced = Payload<float>(static_cast<std::size_t>(b.slice_elements), 0.0f,
                                    memory::CountingAllocator<float>(zero_stage >= 2 ? memory::Category::Gradients
                                                                                    : memory::Category::Communication));
@@ -183,6 +196,13 @@ class GradBuckets {
       b.work = comm::Work{};
       std::visit(
           [&]<class T>(Payload<T>& payload) {
+            if (mixed_) {  // the sums stay in the payload; from stage 2 the owned block is kept
+              if (zero_stage_ < 2) return;
+              auto& kept = std::get<Payload<T>>(b.reduced);
+              std::copy_n(payload.begin() + b.slice_elements * dp_->rank(), b.slice_elements, kept.begin());
+              Payload<T>(payload.get_allocator()).swap(payload);
+              return;
+            }
             if (!sharded()) {
               for_each_slice(b, [&](float* g, std::int64_t off, std::int64_t n) {
                 for (std::int64_t i = 0; i < n; ++i) g[i] = static_cast<float>(payload[static_cast<std::size_t>(off + i)]);
@@ -191,8 +211,8 @@ class GradBuckets {
             }
             if constexpr (!std::is_same_v<T, float>)  // a 16-bit payload was reduced in place
               std::transform(payload.begin() + b.slice_elements * dp_->rank(),
-                             payload.begin() + b.slice_elements * (dp_->rank() + 1), b.reduced.begin(),
-                             [](T x) { return static_cast<float>(x); });
+                             payload.begin() + b.slice_elements * (dp_->rank() + 1),
+                             std::get<Payload<float>>(b.reduced).begin(), [](T x) { return static_cast<float>(x); });
             if (zero_stage_ >= 2) Payload<T>(payload.get_allocator()).swap(payload);  // lives only while in flight
           },
           b.payload);
@@ -202,14 +222,30 @@ class GradBuckets {
 
   /// ZeRO stage >= 1: the summed gradient of the slice of p this rank owns, its
   /// ShardRange::valid() elements (valid after finish(), until the next step's reduction of
-  /// p's bucket). Stage 0: p's whole gradient. Throws Error for a parameter in no bucket.
-  std::span<float> reduced(model::Parameter& p) {
+  /// p's bucket). Stage 0: p's whole gradient. T: float, or with mixed precision the 16-bit
+  /// grad_reduce_dtype (bf16 / fp16). Throws Error for a parameter in no bucket or another T.
+  template <class T = float>
+  std::span<T> reduced(model::Parameter& p) {
     const auto it = where_.find(&p);
     DSP_CHECK(it != where_.end(), "grad buckets: parameter ", p.spec.name, " is not in any bucket");
-    if (!sharded()) return p.grad.span();
-    Bucket& b = buckets_[static_cast<std::size_t>(it->second.bucket)];
-    return std::span(b.reduced).subspan(static_cast<std::size_t>(it->second.offset),
-                                        static_cast<std::size_t>(it->second.range.valid()));
+    const Slot& slot = it->second;
+    Bucket& b = buckets_[static_cast<std::size_t>(slot.bucket)];
+    if (!mixed_) {
+      DSP_CHECK((std::is_same_v<T, float>), "grad buckets: fp32 gradients read as 16-bit");
+      if constexpr (std::is_same_v<T, float>) {
+        if (!sharded()) return p.grad.span();
+        return std::span(std::get<Payload<float>>(b.reduced))
+            .subspan(static_cast<std::size_t>(slot.offset), static_cast<std::size_t>(slot.range.valid()));
+      }
+    }
+    AnyPayload& where = zero_stage_ >= 2 ? b.reduced : b.payload;
+    DSP_CHECK(std::holds_alternative<Payload<T>>(where), "grad buckets: ", p.spec.name,
+              "'s gradient is kept in another dtype than the one asked for");
+    const std::int64_t at = zero_stage_ == 0   ? slot.flat
+                            : zero_stage_ == 1 ? b.slice_elements * dp_->rank() + slot.offset
+                                               : slot.offset;
+    return std::span(std::get<Payload<T>>(where))
+        .subspan(static_cast<std::size_t>(at), static_cast<std::size_t>(sharded() ? slot.range.valid() : slot.range.numel));
   }
   /// The slice of p this rank owns (the whole gradient at stage 0). Throws Error as reduced().
   zero::ShardRange range(const model::Parameter& p) const {
@@ -221,6 +257,8 @@ class GradBuckets {
   bool contains(const model::Parameter& p) const { return where_.contains(&p); }
   /// The ZeRO stage the buckets reduce for (0: all-reduce of whole gradients).
   int zero_stage() const { return zero_stage_; }
+  /// Whether the gradients are kept in 16 bits (the constructor's mixed_precision).
+  bool mixed_precision() const { return mixed_; }
   Comm& group() const { return *dp_; }
 
   /// Number of buckets.
@@ -242,7 +280,7 @@ class GradBuckets {
     std::int64_t elements = 0;
     std::int64_t slice_elements = 0;  // ZeRO: the owned slices of the bucket's parameters, padded
     AnyPayload payload;               // in the communication dtype (none allocated: empty)
-    Payload<float> reduced;           // ZeRO: the summed owned slices
+    AnyPayload reduced;               // ZeRO: the summed owned slices (mixed precision: 16-bit, stage >= 2)
     int ready = 0;
     std::int64_t reductions = 0;
     comm::Work work;
@@ -253,23 +291,28 @@ class GradBuckets {
   struct Slot {
     int bucket = 0;
     std::int64_t offset = 0;
+    std::int64_t flat = 0;  // offset of the whole gradient in an unsharded payload
     zero::ShardRange range;
   };
 
   bool sharded() const { return zero_stage_ >= 1; }
 
-  // The bucket's payload: its elements (ZeRO: N x its padded slices), counted as Communication.
-  // fp32 on a group of one (nothing travels, so nothing is rounded, as at stage 0).
+  // The bucket's payload: its elements (ZeRO: N x its padded slices), counted as Communication
+  // (mixed precision at stages 0 and 1: Gradients, it holds them). fp32 on a group of one
+  // (nothing travels, so nothing is rounded, as at stage 0) unless mixed precision keeps 16 bits.
   void allocate_payload(Bucket& b) {
-    const auto n = static_cast<std::size_t>(sharded() ? b.slice_elements * dp_->size() : b.elements);
-    const GradReduceDType dtype = dp_->size() > 1 ? config_.grad_reduce_dtype : GradReduceDType::Fp32;
-    if (dtype == GradReduceDType::Bf16)
-      b.payload = Payload<bf16>(n, memory::CountingAllocator<bf16>(memory::Category::Communication));
-    else if (dtype == GradReduceDType::Fp16)
-      b.payload = Payload<fp16>(n, memory::CountingAllocator<fp16>(memory::Category::Communication));
-    else
-      b.payload = Payload<float>(n, memory::CountingAllocator<float>(memory::Category::Communication));
+    const std::int64_t n = sharded() ? b.slice_elements * dp_->size() : b.elements;
+    const GradReduceDType dtype = dp_->size() > 1 || mixed_ ? config_.grad_reduce_dtype : GradReduceDType::Fp32;
+    b.payload = make_payload(dtype, n, mixed_ && zero_stage_ < 2 ? memory::Category::Gradients : memory::Category::Communication);
   }
+  static AnyPayload make_payload(GradReduceDType dtype, std::int64_t elements, memory::Category category) {
+    const auto n = static_cast<std::size_t>(elements);
+    if (dtype == GradReduceDType::Bf16) return Payload<bf16>(n, memory::CountingAllocator<bf16>(category));
+    if (dtype == GradReduceDType::Fp16) return Payload<fp16>(n, memory::CountingAllocator<fp16>(category));
+    return Payload<float>(n, 0.0f, memory::CountingAllocator<float>(category));
+  }
+  // Whether a full gradient is released once packed (from stage 2, and with mixed precision).
+  bool releases_gradients() const { return zero_stage_ >= 2 || mixed_; }
 
   // ZeRO: packs rank q's slice of every parameter at q x slice_elements + the parameter's
   // offset (padding zero), releases the full gradients from stage 2, and starts the
@@ -287,10 +330,11 @@ class GradBuckets {
               const std::int64_t at = q * b.slice_elements + slot.offset;
               for (std::int64_t i = 0; i < r.valid(); ++i) payload[static_cast<std::size_t>(at + i)] = T(g[r.begin + i]);
             }
-            if (zero_stage_ >= 2) p->grad = Tensor{};
+            if (releases_gradients()) p->grad = Tensor{};
           }
           if constexpr (std::is_same_v<T, float>) {
-            b.work = dp_->reduce_scatter_async(std::span<const float>(payload), std::span<float>(b.reduced));
+            b.work = dp_->reduce_scatter_async(std::span<const float>(payload),
+                                               std::span<float>(std::get<Payload<float>>(b.reduced)));
           } else {  // reduced in place: this rank's block of the payload
             const auto mine = std::span(payload).subspan(static_cast<std::size_t>(b.slice_elements * dp_->rank()),
                                                          static_cast<std::size_t>(b.slice_elements));
@@ -322,21 +366,24 @@ class GradBuckets {
   // reduce-scatter).
   void launch(Bucket& b) {
     if (sharded()) return launch_sharded(b);
-    if (dp_->size() == 1) return;
+    if (dp_->size() == 1 && !mixed_) return;
     std::visit(
         [&]<class T>(Payload<T>& payload) {
           for_each_slice(b, [&](const float* g, std::int64_t off, std::int64_t n) {
             for (std::int64_t i = 0; i < n; ++i) payload[static_cast<std::size_t>(off + i)] = T(g[i]);
           });
-          b.work = dp_->all_reduce_async(std::span<T>(payload));
+          if (mixed_)
+            for (auto* p : b.params) p->grad = Tensor{};
+          if (dp_->size() > 1) b.work = dp_->all_reduce_async(std::span<T>(payload));
         },
         b.payload);
-    ++b.reductions;
+    if (dp_->size() > 1) ++b.reductions;
   }
 
   Comm* dp_;
   DdpConfig config_;
   int zero_stage_ = 0;
+  bool mixed_ = false;
   std::vector<Bucket> buckets_;
   std::unordered_map<const model::Parameter*, Slot> where_;
   std::size_t next_launch_ = 0;

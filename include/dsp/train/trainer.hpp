@@ -74,7 +74,7 @@ struct TrainConfig {
   /// --zero-stage: how much of the model state is partitioned over data parallelism
   /// (zero::ZeroOptimizer: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters).
   int zero_stage = 0;
-  /// Dynamic loss scaling (the scaler of Fp16Mixed; null: none): the backward starts from the
+  /// Dynamic loss scaling (null: none; with precision::Fp16Mixed LossScalerConfig's defaults): the backward starts from the
   /// loss times the scale, the reduced gradients are multiplied by 1 / scale, and a step whose
   /// gradients hold an infinity or NaN on any rank is skipped by every rank (parameters,
   /// moments, MoE expert biases, optimizer step count and so the LR position unchanged) while the
@@ -138,7 +138,13 @@ class Trainer {
  public:
   using Backend = typename Policy::Backend;
   using Comm = typename Policy::Comm;
-  using Stage = pp::PipelineStage<Policy>;
+  using Precision = typename Policy::Precision;
+  /// The element type parameters and gradients are stored in (float, bf16, fp16).
+  using Storage = typename Precision::storage_type;
+  /// The layers compute in fp32 whatever the precision (mixed precision widens the stored
+  /// 16-bit parameters: zero::ZeroOptimizer), so every precision shares one stage type.
+  using Stage = pp::PipelineStage<dsp::Policy<Backend, Comm>>;
+  using Optimizer = zero::ZeroOptimizer<Backend, Comm, Storage>;
 
   /// Collective over the mesh. Throws ConfigError when the model does not split over TP or
   /// the pipeline, the batch sizes do not divide, or the schedule does not fit them (e.g.
@@ -155,8 +161,10 @@ class Trainer {
                                   tc.pipeline.virtual_size(config.num_layers, mesh.pp_size()),
                                   static_cast<int>(sampler_.accumulation_steps())),
                 {tc.micro_batch_size * config.seq_length, config.hidden_size}),
-        buckets_(mesh.data_group(), grad_ready_order(false), tc.ddp, tied_embedding(), checked_stage(tc.zero_stage)),
-        expert_buckets_(mesh.expert_data_group(), grad_ready_order(true), tc.ddp, nullptr, tc.zero_stage),
+        buckets_(mesh.data_group(), grad_ready_order(false), ddp_config(tc), tied_embedding(),
+                 checked_stage(tc.zero_stage), Optimizer::mixed),
+        expert_buckets_(mesh.expert_data_group(), grad_ready_order(true), ddp_config(tc), nullptr, tc.zero_stage,
+                        Optimizer::mixed),
         optimizer_(parameters(), {&buckets_, &expert_buckets_}, tc.adam, mesh.tp_size(), mesh.tp_rank()),
         schedule_{tc.lr, tc.min_lr, tc.lr_warmup_iters, tc.lr_decay_iters > 0 ? tc.lr_decay_iters : tc.train_iters} {
     DSP_CHECK_AS(ConfigError, data.seq_length() == config.seq_length, "data windows of ", data.seq_length(),
@@ -168,8 +176,11 @@ class Trainer {
       const int p = mesh.pp_size(), r = mesh.pp_rank();
       embedding_group_ = std::make_unique<Comm>(mesh.pipeline_group().split(r == 0 || r == p - 1 ? 0 : 1, r));
     }
-    if (tc.loss_scaler) scaler_.emplace(*tc.loss_scaler);
-    if (tc.zero_stage >= 2)  // gradients made on demand (stage 2) and parameters gathered (stage 3) per part
+    if (Precision::dynamic_loss_scaling && !tc_.loss_scaler) tc_.loss_scaler.emplace();  // fp16: the defaults
+    if (tc_.loss_scaler) scaler_.emplace(*tc_.loss_scaler);
+    // gradients made on demand (stage 2, mixed precision) and parameters gathered (stage 3) or
+    // widened (mixed precision) per part
+    if (tc.zero_stage >= 2 || Optimizer::mixed)
       for (auto& s : stages_)
         s->set_parameter_hooks(
             {[this](const auto& part, const auto* next, bool backward) { optimizer_.acquire(part, next, backward); },
@@ -305,8 +316,8 @@ class Trainer {
     return out;
   }
   /// This rank's MoE layers, chunk after chunk.
-  std::vector<ep::MoELayer<Policy>*> moe_layers() {
-    std::vector<ep::MoELayer<Policy>*> out;
+  std::vector<ep::MoELayer<dsp::Policy<Backend, Comm>>*> moe_layers() {
+    std::vector<ep::MoELayer<dsp::Policy<Backend, Comm>>*> out;
     for (auto& s : stages_)
       for (auto* m : s->moe_layers()) out.push_back(m);
     return out;
@@ -329,7 +340,7 @@ class Trainer {
     return out;
   }
   const model::ModelConfig& model_config() const { return stages_.front()->config(); }
-  zero::ZeroOptimizer<Backend, Comm>& optimizer() { return optimizer_; }
+  Optimizer& optimizer() { return optimizer_; }
   dp::DataSampler& sampler() { return sampler_; }
   const dp::GradBuckets<Comm>& grad_buckets() const { return buckets_; }
   /// Buckets of the routed experts' gradients, over the expert-data-parallel group.
@@ -376,6 +387,20 @@ class Trainer {
     const bool any = precision::any_rank(mesh_->data_group(), precision::any_rank(mesh_->model_group(), mine));
     scaler_->update(any);
     return any;
+  }
+
+  // Mixed precision keeps gradients in the storage type: the buckets' dtype is that type
+  // (fp32, the default, is replaced; the other 16-bit type is a ConfigError).
+  static dp::DdpConfig ddp_config(const TrainConfig& tc) {
+    dp::DdpConfig c = tc.ddp;
+    if constexpr (Optimizer::mixed) {
+      const auto dtype = std::is_same_v<Storage, bf16> ? dp::GradReduceDType::Bf16 : dp::GradReduceDType::Fp16;
+      DSP_CHECK_AS(ConfigError, c.grad_reduce_dtype == dtype || c.grad_reduce_dtype == dp::GradReduceDType::Fp32,
+                   Precision::name, " mixed precision keeps gradients in ", Precision::name,
+                   ": --grad-reduce-dtype must be ", Precision::name, " (or left at its default)");
+      c.grad_reduce_dtype = dtype;
+    }
+    return c;
   }
 
   static int checked_stage(int stage) {
@@ -471,7 +496,7 @@ class Trainer {
   pp::Engine<Comm> engine_;
   dp::GradBuckets<Comm> buckets_;         // over DP: everything but the routed experts
   dp::GradBuckets<Comm> expert_buckets_;  // over expert-data parallelism: the routed experts
-  zero::ZeroOptimizer<Backend, Comm> optimizer_;
+  Optimizer optimizer_;
   zero::WarmupCosine schedule_;
   std::unique_ptr<Comm> embedding_group_;  // first and last pipeline rank (tied embeddings over stages)
   std::optional<precision::DynamicLossScaler> scaler_;

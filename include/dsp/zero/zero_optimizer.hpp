@@ -15,7 +15,18 @@
 //            all-gathered just before its forward and its backward and freed after, and the
 //            part expected next is gathered in the background meanwhile (prefetch).
 // Routed experts are partitioned over the expert-data-parallel group (their own buckets).
-// In fp32 the master weights are the parameters themselves (no separate copy).
+// In fp32 (T = float) the master weights are the parameters themselves (no separate copy).
+//
+// Mixed precision (T = bf16 or fp16: precision::Bf16Mixed / Fp16Mixed; Micikevicius et al.,
+// "Mixed Precision Training", ICLR 2018, section 3.1; the ZeRO paper's 2 + 2 + 12 bytes per
+// parameter): the parameters are stored in T (the whole local shard, or from stage 3 the owned
+// slice), the gradients in T in the buckets (dp::GradBuckets with mixed_precision), and the
+// fp32 master weights and both moments of the owned slice are the optimizer state. A
+// parameter's fp32 values (Parameter::value, the 16-bit values widened) exist only while a part
+// of the model that reads it is acquired, at every stage; its fp32 gradient only from the
+// acquire before its first backward until its bucket is packed. The update widens the 16-bit
+// gradient (times the loss-scale and clipping factors), steps the master slice and rounds it
+// back into the stored parameter, which stages 1 and 2 all-gather in T.
 //
 // Gradient-norm clipping (Pascanu et al. 2013) is here too, because which elements a rank
 // holds depends on the stage: each global element counts once (replicated parameters on TP
@@ -25,6 +36,7 @@
 #include <cmath>
 #include <cstdint>
 #include <exception>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
@@ -53,10 +65,12 @@ inline void validate_zero_stage(int stage) {
   DSP_CHECK_AS(ConfigError, stage >= 0 && stage <= 3, "--zero-stage must be 0, 1, 2 or 3, got ", stage);
 }
 
-template <class Backend, comm::Communicator Comm>
+/// T: the element type parameters and gradients are stored in (float, bf16 or fp16).
+template <class Backend, comm::Communicator Comm, class T = float>
 class ZeroOptimizer {
  public:
   using Buckets = dp::GradBuckets<Comm>;
+  static constexpr bool mixed = !std::is_same_v<T, float>;
 
   /// params: this rank's parameters, each in exactly one of `buckets`, which were all built for
   /// the same ZeRO stage (GradBuckets' zero_stage); buckets.front() must be over the
@@ -64,12 +78,18 @@ class ZeroOptimizer {
   /// this rank's place in the tensor-parallel group (which elements it owns for the norm).
   /// From stage 2 releases every gradient; at stage 3 keeps only the owned slice of every
   /// parameter (counted as Parameters) and frees the rest. Moments: the owned slices
-  /// (OptimizerState). Throws Error for a parameter in no bucket or buckets of mixed stages.
+  /// (OptimizerState). Mixed precision: the buckets must keep 16-bit gradients
+  /// (mixed_precision); stores each parameter in T (Parameters), its owned slice's fp32 master
+  /// copy as OptimizerState, and frees the fp32 values and gradients. Throws Error for a
+  /// parameter in no bucket, buckets of mixed stages, or buckets that keep the wrong precision.
   ZeroOptimizer(std::vector<model::Parameter*> params, std::vector<Buckets*> buckets, AdamWConfig config,
                 int tp_size, int tp_rank)
       : config_(config), stage_(buckets.at(0)->zero_stage()), data_(&buckets.front()->group()) {
-    for (auto* b : buckets)
+    for (auto* b : buckets) {
       DSP_CHECK(b->zero_stage() == stage_, "zero: gradient buckets for stages ", stage_, " and ", b->zero_stage());
+      DSP_CHECK(b->mixed_precision() == mixed, "zero: the gradient buckets ", mixed ? "do not keep" : "keep",
+                " 16-bit gradients");
+    }
     for (auto* p : params) {
       Slot s;
       s.p = p;
@@ -83,10 +103,16 @@ class ZeroOptimizer {
       s.exp_avg_sq = Tensor(moment, memory::Category::OptimizerState);
       auto w = ownership_weights(p->spec, tp_size, tp_rank);
       if (!std::all_of(w.begin(), w.end(), [](float x) { return x == 1.0f; })) s.weights = std::move(w);
-      if (stage_ >= 2) p->grad = Tensor{};
-      if (stage_ == 3) {
-        s.shard = Tensor({s.range.size}, memory::Category::Parameters);
-        std::copy_n(p->value.data() + s.range.begin, s.range.valid(), s.shard.data());
+      if (stage_ >= 2 || mixed) p->grad = Tensor{};
+      if constexpr (mixed) {
+        s.master = Tensor({s.range.size}, memory::Category::OptimizerState);
+        std::copy_n(p->value.data() + s.range.begin, s.range.valid(), s.master.data());
+      }
+      if (transient_values()) {  // what is stored: the owned slice (stage 3) or the whole shard in T
+        const bool slice = stage_ == 3;
+        s.stored = Buffer<T>(static_cast<std::size_t>(slice ? s.range.size : p->value.numel()),
+                             memory::CountingAllocator<T>(memory::Category::Parameters));
+        narrow(p->value.data() + (slice ? s.range.begin : 0), slice ? s.range.valid() : p->value.numel(), s.stored.data());
         p->value = Tensor{};
       }
       index_[p] = slots_.size();
@@ -127,8 +153,8 @@ class ZeroOptimizer {
     std::vector<double> sq{0.0, 0.0};  // (others, routed experts)
     for (auto& s : slots_) {
       if (s.p->tied_copy) continue;  // its owner on the first stage counts it
-      const std::span<float> g = grad(s);
-      sq[s.p->expert ? 1 : 0] += sum_squares(Backend{}, static_cast<std::int64_t>(g.size()), g.data(),
+      const Tensor wide = fp32_gradient(s);
+      sq[s.p->expert ? 1 : 0] += sum_squares(Backend{}, gradient_size(s), fp32_data(s, wide),
                                              s.weights.empty() ? nullptr : s.weights.data() + s.range.begin);
     }
     if (stage_ == 0 && ep && ep->size() > 1) ep->all_reduce(std::span(sq).subspan(1));
@@ -138,9 +164,13 @@ class ZeroOptimizer {
     const float norm = static_cast<float>(std::sqrt(sq[0]));
     if (max_norm > 0.0f && norm > max_norm) {
       const float f = max_norm / (norm + 1e-6f);
-      for (auto& s : slots_) {
-        const std::span<float> g = grad(s);
-        scale(Backend{}, static_cast<std::int64_t>(g.size()), f, g.data());
+      if constexpr (mixed) {
+        grad_factor_ *= f;
+      } else {
+        for (auto& s : slots_) {
+          const std::span<float> g = grad(s);
+          scale(Backend{}, static_cast<std::int64_t>(g.size()), f, g.data());
+        }
       }
     }
     return norm;
@@ -148,46 +178,68 @@ class ZeroOptimizer {
 
   /// Loss scaling: multiplies every gradient this rank updates from by `factor` (1 / scale)
   /// and returns whether any of them held an infinity or NaN (this rank only). After the
-  /// buckets' finish().
+  /// buckets' finish(), before clip_grad_norm. Mixed precision: the 16-bit gradients are not
+  /// rewritten (they would underflow); `factor` becomes the multiplier the update and the norm
+  /// apply as they widen them, until step().
   bool unscale_gradients(float factor) {
     bool found = false;
     for (auto& s : slots_) {
-      const std::span<float> g = grad(s);
-      found = found || precision::has_inf_or_nan(g);
-      scale(Backend{}, static_cast<std::int64_t>(g.size()), factor, g.data());
+      const std::span<T> g = grad(s);
+      found = found || std::any_of(g.begin(), g.end(), [](T x) { return !std::isfinite(static_cast<float>(x)); });
+      if constexpr (mixed) grad_factor_ = factor;
+      else scale(Backend{}, static_cast<std::int64_t>(g.size()), factor, g.data());
     }
     return found;
   }
 
-  /// The reduced gradient this rank updates parameter i from: the owned slice's valid
+  /// The reduced gradient this rank updates parameter i from, in T: the owned slice's valid
   /// elements (the whole gradient at stage 0). Valid between the buckets' finish() and step().
-  std::span<float> gradient(std::size_t i) { return grad(slots_.at(i)); }
+  /// Mixed precision: before the unscale and clipping factors.
+  std::span<T> gradient(std::size_t i) { return grad(slots_.at(i)); }
 
   /// One AdamW update (backend::adamw_update) of the slice of every parameter this rank owns,
   /// from its reduced (and clipped) gradient; at stages 1 and 2 then all-gathers the
   /// parameters over their groups. Collective over the buckets' groups from stage 1.
+  /// Mixed precision: steps the fp32 master slice from the widened gradient and rounds it into
+  /// the stored 16-bit parameter.
   void step(float lr) {
     drop_prefetch();
     ++step_;
     for (auto& s : slots_) {
-      const std::span<float> g = grad(s);
-      adamw_update(Backend{}, static_cast<std::int64_t>(g.size()), owned_values(s), g.data(), s.exp_avg.data(),
+      const Tensor wide = fp32_gradient(s);
+      const std::int64_t n = gradient_size(s);
+      adamw_update(Backend{}, n, owned_values(s), fp32_data(s, wide), s.exp_avg.data(),
                    s.exp_avg_sq.data(), lr, config_.beta1, config_.beta2, config_.eps,
                    s.p->weight_decay ? config_.weight_decay : 0.0f, step_);
+      if constexpr (mixed) narrow(s.master.data(), n, s.stored.data() + (stage_ == 3 ? 0 : s.range.begin));
     }
+    grad_factor_ = 1.0f;
     if (stage_ == 1 || stage_ == 2) gather_parameters();
   }
 
-  /// pp::PipelineStage::ParameterHooks::acquire. From stage 2, before a backward: allocates the
-  /// zero gradient of each parameter of `part` that has none. At stage 3: makes each
-  /// parameter of `part` whole (the all-gather started for it as the last `next`, or one now)
-  /// and starts gathering `next` in the background. Collective over the parameters' groups:
-  /// every data-parallel rank makes the same calls (same schedule), so the gathers match.
+  /// pp::PipelineStage::ParameterHooks::acquire. From stage 2 and with mixed precision, before
+  /// a backward: allocates the zero fp32 gradient of each parameter of `part` that has none.
+  /// Mixed precision below stage 3: widens each parameter of `part` into its fp32 values. At
+  /// stage 3: makes each parameter of `part` whole (the all-gather started for it as the last
+  /// `next`, or one now) and starts gathering `next` in the background. Collective over the
+  /// parameters' groups: every data-parallel rank makes the same calls (same schedule), so the
+  /// gathers match.
   void acquire(const std::vector<model::Parameter*>& part, const std::vector<model::Parameter*>* next, bool backward) {
-    if (stage_ >= 2 && backward)
+    if ((stage_ >= 2 || mixed) && backward)
       for (auto* p : part)
         if (p->grad.empty()) p->grad = Tensor(slot(*p).shape, memory::Category::Gradients);
-    if (stage_ < 3) return;
+    if (!transient_values()) return;
+    if (stage_ < 3) {
+      for (auto* p : part) {
+        Slot& s = slot(*p);
+        if (p->value.empty()) {
+          p->value = Tensor(s.shape, memory::Category::Parameters);
+          widen(s.stored.data(), p->value.numel(), p->value.data());
+        }
+        ++s.refs;
+      }
+      return;
+    }
     std::vector<Gather> now;
     if (prefetched_ == &part) {
       now = std::move(prefetch_);
@@ -203,10 +255,10 @@ class ZeroOptimizer {
       prefetched_ = next;
     }
   }
-  /// pp::PipelineStage::ParameterHooks::release: at stage 3 frees each parameter of `part` no
-  /// other acquired part still reads.
+  /// pp::PipelineStage::ParameterHooks::release: at stage 3 and with mixed precision frees the
+  /// fp32 values of each parameter of `part` no other acquired part still reads.
   void release(const std::vector<model::Parameter*>& part) {
-    if (stage_ < 3) return;
+    if (!transient_values()) return;
     for (auto* p : part) {
       Slot& s = slot(*p);
       DSP_CHECK(s.refs > 0, "zero: parameter ", p->spec.name, " released more often than acquired");
@@ -214,15 +266,20 @@ class ZeroOptimizer {
     }
   }
 
-  /// For a checkpoint: makes every parameter whole (stage 3) and builds each parameter's whole
-  /// moments (stage >= 1; exp_avg(i) then returns them). Collective over the groups. Undo with
+  /// For a checkpoint: makes every parameter whole (stage 3; with mixed precision its fp32 values
+  /// are the master weights, gathered) and builds each parameter's whole moments (stage >= 1;
+  /// exp_avg(i) then returns them). Collective over the groups. Undo with
   /// partition_after_checkpoint.
   void gather_for_checkpoint() {
     drop_prefetch();
+    if constexpr (mixed)
+      for (auto& s : slots_) {
+        Tensor master = stage_ == 0 ? s.master : whole(s, s.master);
+        s.p->value = Tensor(s.shape, memory::Category::Parameters);
+        std::copy_n(master.data(), s.p->value.numel(), s.p->value.data());
+      }
     if (stage_ == 0) return;
-    std::vector<model::Parameter*> all;
-    for (auto& s : slots_) all.push_back(s.p);
-    if (stage_ == 3) acquire(all, nullptr, false);
+    if (stage_ == 3 && !mixed) acquire(parameters(), nullptr, false);
     for (auto& s : slots_) {
       s.full_exp_avg = whole(s, s.exp_avg);
       s.full_exp_avg_sq = whole(s, s.exp_avg_sq);
@@ -231,20 +288,22 @@ class ZeroOptimizer {
   /// After gather_for_checkpoint: when `loaded`, takes this rank's slices of the (now loaded)
   /// whole parameters and moments; then frees what gather_for_checkpoint made whole.
   void partition_after_checkpoint(bool loaded) {
-    if (stage_ == 0) return;
     for (auto& s : slots_) {
-      if (loaded) {
+      if (loaded && stage_ > 0) {
         std::copy_n(s.full_exp_avg.data() + s.range.begin, s.range.valid(), s.exp_avg.data());
         std::copy_n(s.full_exp_avg_sq.data() + s.range.begin, s.range.valid(), s.exp_avg_sq.data());
-        if (stage_ == 3) std::copy_n(s.p->value.data() + s.range.begin, s.range.valid(), s.shard.data());
+      }
+      if (loaded && mixed) std::copy_n(s.p->value.data() + s.range.begin, s.range.valid(), s.master.data());
+      if (loaded && transient_values()) {
+        const bool slice = stage_ == 3;
+        narrow(s.p->value.data() + (slice ? s.range.begin : 0), slice ? s.range.valid() : s.p->value.numel(),
+               s.stored.data());
       }
       s.full_exp_avg = Tensor{};
       s.full_exp_avg_sq = Tensor{};
+      if (mixed) s.p->value = Tensor{};
     }
-    if (stage_ != 3) return;
-    std::vector<model::Parameter*> all;
-    for (auto& s : slots_) all.push_back(s.p);
-    release(all);
+    if (stage_ == 3 && !mixed) release(parameters());
   }
 
   /// Optimizer steps taken so far.
@@ -256,6 +315,8 @@ class ZeroOptimizer {
     for (const auto& s : slots_) out.push_back(s.p);
     return out;
   }
+  /// Whether parameters and gradients are stored in 16 bits.
+  static constexpr bool mixed_precision() { return mixed; }
   /// First and second moments of parameter i, of its whole local shape: at stage 0 always,
   /// from stage 1 between gather_for_checkpoint and partition_after_checkpoint.
   Tensor& exp_avg(std::size_t i) { return stage_ == 0 ? slots_.at(i).exp_avg : slots_.at(i).full_exp_avg; }
@@ -264,8 +325,8 @@ class ZeroOptimizer {
   ShardRange range(std::size_t i) const { return slots_.at(i).range; }
 
  private:
-  template <class T>
-  using Buffer = std::vector<T, memory::CountingAllocator<T>>;
+  template <class E>
+  using Buffer = std::vector<E, memory::CountingAllocator<E>>;
 
   struct Slot {
     model::Parameter* p = nullptr;
@@ -273,7 +334,8 @@ class ZeroOptimizer {
     ShardRange range;
     Shape shape;                     // the whole local shape
     Tensor exp_avg, exp_avg_sq;      // the owned slice (whole at stage 0)
-    Tensor shard;                    // stage 3: the owned slice of the parameter
+    Tensor master;                   // mixed precision: fp32 master weights of the owned slice
+    Buffer<T> stored;                // stage 3: the owned slice; mixed precision: the whole shard below stage 3
     std::vector<float> weights;      // ownership weights of the whole local shard (empty: all owned)
     int refs = 0;                    // stage 3: acquired parts reading the parameter
     Tensor full_exp_avg, full_exp_avg_sq;  // whole moments while a checkpoint is written or read
@@ -282,7 +344,7 @@ class ZeroOptimizer {
   // A background all-gather of one parameter's slices (stage 3).
   struct Gather {
     Slot* slot = nullptr;
-    Buffer<float> all;  // N x slice, rank-major
+    Buffer<T> all;  // N x slice, rank-major
     comm::Work work;
   };
 
@@ -292,10 +354,44 @@ class ZeroOptimizer {
     return slots_[it->second];
   }
 
-  std::span<float> grad(Slot& s) { return s.buckets->reduced(*s.p); }
+  std::span<T> grad(Slot& s) { return s.buckets->template reduced<T>(*s.p); }
+  std::int64_t gradient_size(Slot& s) { return static_cast<std::int64_t>(grad(s).size()); }
+  // Mixed precision: the gradient widened to fp32 times the unscale and clipping factors
+  // (Workspace); fp32: empty (the gradient is used in place).
+  Tensor fp32_gradient(Slot& s) {
+    if constexpr (!mixed) return {};
+    const std::span<T> g = grad(s);
+    Tensor out({static_cast<std::int64_t>(g.size())}, memory::Category::Workspace);
+    for (std::size_t i = 0; i < g.size(); ++i) out[static_cast<std::int64_t>(i)] = static_cast<float>(g[i]) * grad_factor_;
+    return out;
+  }
 
-  // The owned elements of the parameter's values.
-  float* owned_values(Slot& s) { return stage_ == 3 ? s.shard.data() : s.p->value.data() + s.range.begin; }
+  // The fp32 gradient: `wide` (mixed precision) or the reduced one in place.
+  const float* fp32_data(Slot& s, const Tensor& wide) {
+    if constexpr (mixed) return wide.data();
+    else return grad(s).data();
+  }
+
+  // Whether Parameter::value exists only while acquired (stage 3, mixed precision).
+  bool transient_values() const { return stage_ == 3 || mixed; }
+
+  // The elements the update writes: the master slice (mixed), the stored slice (stage 3) or the
+  // parameter's owned elements.
+  float* owned_values(Slot& s) {
+    if constexpr (mixed) return s.master.data();
+    else return stage_ == 3 ? s.stored.data() : s.p->value.data() + s.range.begin;
+  }
+  // The whole local shard that stages 1 and 2 all-gather into.
+  T* whole_values(Slot& s) {
+    if constexpr (mixed) return s.stored.data();
+    else return s.p->value.data();
+  }
+  static void narrow(const float* in, std::int64_t n, T* out) {
+    std::transform(in, in + n, out, [](float x) { return T(x); });
+  }
+  static void widen(const T* in, std::int64_t n, float* out) {
+    std::transform(in, in + n, out, [](T x) { return static_cast<float>(x); });
+  }
 
   // Starts all-gathering every parameter of `part` that is not whole yet.
   std::vector<Gather> start_gather(const std::vector<model::Parameter*>& part) {
@@ -307,9 +403,9 @@ class ZeroOptimizer {
       Comm& group = s.buckets->group();
       Gather& g = out.emplace_back();
       g.slot = &s;
-      g.all = Buffer<float>(static_cast<std::size_t>(s.range.size * group.size()), 0.0f,
-                            memory::CountingAllocator<float>(memory::Category::Communication));
-      g.work = group.all_gather_async(std::span<const float>(s.shard.span()), std::span<float>(g.all));
+      g.all = Buffer<T>(static_cast<std::size_t>(s.range.size * group.size()),
+                        memory::CountingAllocator<T>(memory::Category::Communication));
+      g.work = group.all_gather_async(std::span<const T>(s.stored), std::span<T>(g.all));
     }
     return out;
   }
@@ -320,7 +416,7 @@ class ZeroOptimizer {
       model::Parameter& p = *g.slot->p;
       if (!p.value.empty()) continue;
       p.value = Tensor(g.slot->shape, memory::Category::Parameters);
-      std::copy_n(g.all.begin(), p.value.numel(), p.value.data());
+      widen(g.all.data(), p.value.numel(), p.value.data());
     }
     gathers.clear();
   }
@@ -331,30 +427,30 @@ class ZeroOptimizer {
     prefetched_ = nullptr;
   }
 
-  // Stages 1 and 2, after the update: every rank's slices of every parameter to every rank of
-  // its group, all gathers in flight at once, then unpacked.
+  // Stages 1 and 2, after the update: every rank's slices of every parameter (in T) to every
+  // rank of its group, all gathers in flight at once, then unpacked.
   void gather_parameters() {
     struct Out {
       Slot* slot;
-      Buffer<float> mine, all;
+      Buffer<T> mine, all;
       comm::Work work;
     };
     std::vector<Out> outs;
     outs.reserve(slots_.size());
     for (auto& s : slots_) {
       const int n = s.buckets->group().size();
-      Out& o = outs.emplace_back(Out{&s, Buffer<float>(static_cast<std::size_t>(s.range.size), 0.0f,
-                                                       memory::CountingAllocator<float>(memory::Category::Communication)),
-                                     Buffer<float>(static_cast<std::size_t>(s.range.size * n), 0.0f,
-                                                   memory::CountingAllocator<float>(memory::Category::Communication)),
+      Out& o = outs.emplace_back(Out{&s, Buffer<T>(static_cast<std::size_t>(s.range.size),
+                                                   memory::CountingAllocator<T>(memory::Category::Communication)),
+                                     Buffer<T>(static_cast<std::size_t>(s.range.size * n),
+                                               memory::CountingAllocator<T>(memory::Category::Communication)),
                                      {}});
-      std::copy_n(s.p->value.data() + s.range.begin, s.range.valid(), o.mine.begin());
-      o.work = s.buckets->group().all_gather_async(std::span<const float>(o.mine), std::span<float>(o.all));
+      std::copy_n(whole_values(s) + s.range.begin, s.range.valid(), o.mine.begin());
+      o.work = s.buckets->group().all_gather_async(std::span<const T>(o.mine), std::span<T>(o.all));
     }
     try {
       for (auto& o : outs) {
         o.work.wait();
-        std::copy_n(o.all.begin(), o.slot->p->value.numel(), o.slot->p->value.data());
+        std::copy_n(o.all.begin(), numel(o.slot->shape), whole_values(*o.slot));
       }
     } catch (...) {  // a peer failed: others may still read `mine` or write `all`
       for (auto& o : outs) {
@@ -384,6 +480,7 @@ class ZeroOptimizer {
   std::vector<Gather> prefetch_;
   const std::vector<model::Parameter*>* prefetched_ = nullptr;
   std::int64_t step_ = 0;
+  float grad_factor_ = 1.0f;  // mixed precision: 1 / loss scale x clipping factor, until step()
 };
 
 }  // namespace dsp::zero
