@@ -1,7 +1,7 @@
-// ZeRO stages 0-3 (zero::ZeroOptimizer) on data-parallel ranks: training-step time and the
-// model-state bytes each rank holds.
+// ZeRO stages 0-3 (zero::ZeroOptimizer) on data-parallel ranks, in fp32 and in bf16 mixed
+// precision: training-step time and the model-state bytes each rank holds.
 //
-// ## zero_step/stage/dp
+// ## zero_step/<precision>/stage/dp   (precision fp32 or bf16: precision::Bf16Mixed)
 //
 // One comm::launch of dp ranks (threads) training the demo model's shape (4 layers, hidden 128,
 // vocabulary 256, sequence 128, tied embeddings: 0.83 M parameters) on tiny Shakespeare, micro
@@ -12,14 +12,16 @@
 // Counters:
 //   state_bytes       parameters + gradients + optimizer state a rank holds between steps
 //                     (dsp::memory live bytes of those categories after a step, rank 0)
-//   bytes_per_param   state_bytes / parameters of the model (fp32 ZeRO paper figures:
-//                     16, 8 + 8/N, 4 + 12/N, 16/N)
+//   bytes_per_param   state_bytes / parameters of the model (ZeRO paper figures: fp32
+//                     16, 8 + 8/N, 4 + 12/N, 16/N; mixed 16, 4 + 12/N, 2 + 14/N, 16/N)
 //   peak_bytes        the rank's peak of all tensor bytes over the measured steps (includes
 //                     activations, gathered parameters, communication payloads)
 //   comm_peak_bytes   its peak of communication buffers (bucket payloads, gathers)
 // What it shows: the memory a stage saves and what it costs in time. Stage 1 adds nothing to
 // the communicated volume (reduce-scatter + all-gather = one all-reduce); stage 2 the same;
 // stage 3 all-gathers every part's parameters again for the forward and for the backward.
+// bf16 halves the bytes communicated (gradients and gathered parameters travel in bf16) and adds
+// the widening of each part's parameters before use and of the gradients in the update.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -35,7 +37,8 @@
 namespace {
 
 using dsp::comm::ThreadComm;
-using HostPolicy = dsp::Policy<dsp::backend::Host, ThreadComm>;
+using Fp32Policy = dsp::Policy<dsp::backend::Host, ThreadComm>;
+using Bf16Policy = dsp::Policy<dsp::backend::Host, ThreadComm, dsp::precision::Bf16Mixed>;
 using dsp::memory::Category;
 
 const dsp::train::TokenDataset& shakespeare(std::int64_t seq_length) {
@@ -44,6 +47,7 @@ const dsp::train::TokenDataset& shakespeare(std::int64_t seq_length) {
   return data;
 }
 
+template <class Policy>
 void BM_zero_step(benchmark::State& state) {
   const int stage = static_cast<int>(state.range(0)), dp = static_cast<int>(state.range(1));
   const dsp::model::ModelConfig model{.vocab_size = 256, .hidden_size = 128, .num_layers = 4,
@@ -63,7 +67,7 @@ void BM_zero_step(benchmark::State& state) {
     dsp::comm::launch(dp, [&](ThreadComm& world) {
       const dsp::memory::Snapshot before = dsp::memory::snapshot();
       dsp::DeviceMesh mesh(world, dsp::ParallelLayout{.data = dp});
-      dsp::train::Trainer<HostPolicy> trainer(model, tc, mesh, shakespeare(model.seq_length));
+      dsp::train::Trainer<Policy> trainer(model, tc, mesh, shakespeare(model.seq_length));
       for (int i = 0; i < 2; ++i) trainer.train_step();
       dsp::memory::reset_peak();
       std::vector<double> mine;
@@ -104,6 +108,7 @@ void zero_args(benchmark::internal::Benchmark* b) {
 
 }  // namespace
 
-BENCHMARK(BM_zero_step)->Name("zero_step")->Apply(zero_args)->Iterations(12)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_zero_step<Fp32Policy>)->Name("zero_step/fp32")->Apply(zero_args)->Iterations(12)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_zero_step<Bf16Policy>)->Name("zero_step/bf16")->Apply(zero_args)->Iterations(12)->UseManualTime()->Unit(benchmark::kMillisecond);
 
 BENCHMARK_MAIN();

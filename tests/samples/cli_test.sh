@@ -9,6 +9,9 @@
 #    the DP sum's order changes); --zero-stage 4 is refused;
 #  - loss scaling: fp16 gradient transport with --initial-loss-scale 2^40 skips the overflowing
 #    steps (reported) and still trains its 6 steps; a loss-scale flag alone is refused;
+#  - mixed precision: --bf16 at ZeRO 3 gives its ZeRO 0 losses exactly (DP4), a --bf16 run
+#    stopped at step 3 resumes exactly and its checkpoint generates; --fp16 scales the loss
+#    (loss_scale in the metrics); --bf16 with --fp16, or with --grad-reduce-dtype fp16, is refused;
 #  - pipeline parallelism (4 layers): PP2, TP2 x PP2, interleaved and GPipe give the world-1
 #    losses (1e-5 relative); --print-pipeline-schedule prints a rank table; bubble_fraction > 0;
 #    a PP2 run stopped at step 3 resumes at PP2 (exactly), PP4 and PP1 (1e-5); a TP2 x PP2
@@ -153,6 +156,28 @@ stepped=$(grep -c '"skipped":false' "$work/fp16.jsonl")
 grep -q "skipped: overflow at loss scale" "$work/fp16.out" && ok || fail "skipped steps not reported: $(cat "$work/fp16.out")"
 expect_fail "loss-scale flag without --initial-loss-scale" "--hysteresis needs --initial-loss-scale" "$work/m23" -- \
   "$bin/dsp-train" "${model[@]}" --hysteresis 3 --metrics-file "$work/m23"
+
+# --- mixed precision: --bf16 / --fp16 ----------------------------------------------------------
+"$bin/dsp-train" --world-size 4 "${zero[@]}" --bf16 --metrics-file "$work/bf16_0.jsonl" >"$work/bf16.out" \
+  || fail "DP4 --bf16 run: $(cat "$work/bf16.out")"
+grep -q "bf16 precision, ZeRO stage 0" "$work/bf16.out" && ok || fail "--bf16 run did not report it: $(cat "$work/bf16.out")"
+"$bin/dsp-train" --world-size 4 "${zero[@]}" --bf16 --zero-stage 3 --metrics-file "$work/bf16_3.jsonl" >/dev/null \
+  || fail "DP4 --bf16 --zero-stage 3 run"
+exact_losses "--bf16 ZeRO 3 at DP4" "$work/bf16_0.jsonl" "$work/bf16_3.jsonl"
+"$bin/dsp-train" --world-size 4 "${zero[@]}" --bf16 --exit-interval 3 --save "$work/ckpt_bf16" \
+  --metrics-file "$work/bf16_resumed.jsonl" >/dev/null || fail "--bf16 first half"
+"$bin/dsp-train" --world-size 4 "${zero[@]}" --bf16 --load "$work/ckpt_bf16" --metrics-file "$work/bf16_resumed.jsonl" \
+  >"$work/out" 2>&1 || fail "--bf16 resumed: $(cat "$work/out")"
+exact_losses "--bf16 stopped at step 3 and resumed" "$work/bf16_0.jsonl" "$work/bf16_resumed.jsonl"
+"$bin/dsp-generate" --load "$work/ckpt_bf16" --prompt "ROMEO:" --max-new-tokens 8 >"$work/gen_bf16" 2>&1 \
+  && [ -s "$work/gen_bf16" ] && ok || fail "generate from a --bf16 checkpoint: $(cat "$work/gen_bf16")"
+"$bin/dsp-train" --world-size 2 "${model[@]}" --fp16 --metrics-file "$work/fp16_mixed.jsonl" >"$work/out" 2>&1 \
+  && [ "$(grep -c '"loss_scale":65536' "$work/fp16_mixed.jsonl")" -ge 1 ] && [ "$(grep -c '"skipped":false' "$work/fp16_mixed.jsonl")" -eq 6 ] \
+  && ok || fail "--fp16 run with default loss scaling: $(cat "$work/out")"
+expect_fail "--bf16 with --fp16" "--bf16 excludes --fp16" "$work/m24" -- \
+  "$bin/dsp-train" "${model[@]}" --bf16 --fp16 --metrics-file "$work/m24"
+expect_fail "--bf16 with fp16 gradients" "--grad-reduce-dtype must be bf16" "$work/m25" -- \
+  "$bin/dsp-train" "${model[@]}" --bf16 --grad-reduce-dtype fp16 --metrics-file "$work/m25"
 
 # --- pipeline parallelism: the same losses at any TP x PP and schedule ----------------------
 pp=("${model[@]}" --num-layers 4 --peak-flops 1e10)
