@@ -25,10 +25,9 @@
 #include "dsp/policy.hpp"
 #include "dsp/train/checkpointing.hpp"
 #include "dsp/train/trainer.hpp"
-#include "../gather_global.hpp"
-#include "../relative_error.hpp"
 #include "../train/small_model.hpp"
 #include "../train/small_train_config.hpp"
+#include "../zero/run_result.hpp"
 
 using namespace dsp;
 using Fp32 = Policy<backend::Host, comm::ThreadComm>;
@@ -37,71 +36,26 @@ using Fp16 = Policy<backend::Host, comm::ThreadComm, precision::Fp16Mixed>;
 
 namespace {
 
-using Params = std::map<std::string, Tensor>;  // global tensors by name
+using test::Params;
+using test::RunResult;
 
-struct Run {
-  std::vector<double> losses, grad_norms;
-  Params final;  // master weights and both moments
-  double val_loss = 0.0;
-};
-
-// Every global master weight and moment of DP replica 0, made whole for the moment as a
-// checkpoint does.
-template <class P, class Comm>
-void collect(train::Trainer<P>& trainer, DeviceMesh<Comm>& mesh, std::mutex& mu, Params& out) {
-  auto& opt = trainer.optimizer();
-  opt.gather_for_checkpoint();
-  Params mine;
-  const auto params = opt.parameters();
-  for (std::size_t i = 0; i < params.size(); ++i) {
-    const auto* p = params[i];
-    if (p->tied_copy) continue;
-    auto& tp = mesh.tensor_group();
-    mine[p->spec.name] = test::gather_global(tp, p->spec, p->value);
-    mine["exp_avg." + p->spec.name] = test::gather_global(tp, p->spec, opt.exp_avg(i));
-    mine["exp_avg_sq." + p->spec.name] = test::gather_global(tp, p->spec, opt.exp_avg_sq(i));
-  }
-  opt.partition_after_checkpoint(false);
-  std::lock_guard lk(mu);
-  if (mesh.dp_rank() == 0 && mesh.tp_rank() == 0) out.merge(mine);
-}
-
+// `steps` steps of the small model at `layout` and ZeRO stage `zero_stage` with policy P
+// (settings: base, or small_train_config); with `val_loss` the validation loss after them.
 template <class P>
-Run run(ParallelLayout layout, int zero_stage, const model::ModelConfig& config, int steps,
-        const train::TrainConfig* base = nullptr, bool evaluate = false) {
+RunResult run(ParallelLayout layout, int zero_stage, const model::ModelConfig& config, int steps,
+              const train::TrainConfig* base = nullptr, double* val_loss = nullptr) {
   train::TrainConfig tc = base ? *base : test::small_train_config(8, steps);
   tc.zero_stage = zero_stage;
-  Run out;
+  RunResult out;
   std::mutex mu;
   comm::launch(layout.tensor * layout.pipeline * layout.data, [&](comm::ThreadComm& world) {
     DeviceMesh mesh(world, layout);
     train::Trainer<P> trainer(config, tc, mesh, test::shakespeare(config.seq_length));
-    std::vector<double> losses, norms;
-    for (int s = 0; s < steps; ++s) {
-      const auto r = trainer.train_step();
-      losses.push_back(r.loss);
-      norms.push_back(r.grad_norm);
-    }
-    const double val = evaluate ? trainer.evaluate() : 0.0;
-    collect(trainer, mesh, mu, out.final);
-    std::lock_guard lk(mu);
-    if (world.rank() == 0) {
-      out.losses = losses;
-      out.grad_norms = norms;
-      out.val_loss = val;
-    }
+    test::train_and_collect(trainer, mesh, steps, 1, mu, out);
+    const double val = val_loss ? trainer.evaluate() : 0.0;
+    if (val_loss && world.rank() == 0) *val_loss = val;
   });
   return out;
-}
-
-void check_same(const Run& r, const Run& ref) {
-  REQUIRE(r.losses.size() == ref.losses.size());
-  for (std::size_t s = 0; s < r.losses.size(); ++s) {
-    CAPTURE(s);
-    CHECK(std::abs(r.losses[s] - ref.losses[s]) <= 1e-6 * std::abs(ref.losses[s]));
-    CHECK(std::abs(r.grad_norms[s] - ref.grad_norms[s]) <= 1e-6 * std::abs(ref.grad_norms[s]));
-  }
-  CHECK(test::relative_error(r.final, ref.final) <= 1e-6);
 }
 
 }  // namespace
@@ -111,16 +65,16 @@ TEST_CASE("mixed precision: ZeRO 1, 2 and 3 give ZeRO 0's losses, norms, master 
   for (const ParallelLayout layout : {ParallelLayout{.data = 4}, ParallelLayout{.pipeline = 2, .data = 2}}) {
     CAPTURE(layout.pipeline);
     const auto config = test::small_model(/*tied=*/layout.pipeline > 1);
-    const Run bf16 = run<Bf16>(layout, 0, config, steps);
+    const RunResult bf16 = run<Bf16>(layout, 0, config, steps);
     CHECK(bf16.losses.back() < bf16.losses.front() - 0.1);  // it learns
     for (int stage : {1, 2, 3}) {
       CAPTURE(stage);
-      check_same(run<Bf16>(layout, stage, config, steps), bf16);
+      test::check_same(run<Bf16>(layout, stage, config, steps), bf16);
     }
-    const Run fp16 = run<Fp16>(layout, 0, config, steps);
-    check_same(run<Fp16>(layout, 3, config, steps), fp16);
+    const RunResult fp16 = run<Fp16>(layout, 0, config, steps);
+    test::check_same(run<Fp16>(layout, 3, config, steps), fp16);
     // Neither is fp32: the 16-bit parameters and gradients change the trajectory.
-    const Run fp32 = run<Fp32>(layout, 0, config, steps);
+    const RunResult fp32 = run<Fp32>(layout, 0, config, steps);
     CHECK(test::relative_error(bf16.final, fp32.final) > 1e-4);
     CHECK(test::relative_error(fp16.final, fp32.final) > 1e-6);
     CHECK(test::relative_error(bf16.final, fp32.final) < 0.05);  // but stays close after 8 steps
@@ -164,7 +118,7 @@ TEST_CASE("a Bf16Mixed checkpoint holds the master weights: it resumes bitwise a
   const auto config = test::small_model();
   const int first = 3, total = 6;
   const ParallelLayout dp4{.data = 4};
-  const Run ref = run<Bf16>(dp4, 3, config, total);
+  const RunResult ref = run<Bf16>(dp4, 3, config, total);
   const auto dir = std::filesystem::temp_directory_path() / ("dsp_mixed_ckpt_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   auto tc = test::small_train_config(8, total);
@@ -176,27 +130,16 @@ TEST_CASE("a Bf16Mixed checkpoint holds the master weights: it resumes bitwise a
     train::Trainer<Bf16> trainer(config, tc, mesh, test::shakespeare(config.seq_length));
     for (int s = 0; s < first; ++s) trainer.train_step();
     train::save_checkpoint(dir, trainer);
-    collect(trainer, mesh, mu, masters);
+    test::collect_state(trainer, mesh, 1, mu, masters);
   });
-  Run resumed;
+  RunResult resumed;
   comm::launch(4, [&](comm::ThreadComm& world) {
     DeviceMesh mesh(world, dp4);
     train::Trainer<Bf16> trainer(config, tc, mesh, test::shakespeare(config.seq_length));
     train::load_checkpoint(dir, trainer);
-    std::vector<double> losses, norms;
-    for (int s = first; s < total; ++s) {
-      const auto r = trainer.train_step();
-      losses.push_back(r.loss);
-      norms.push_back(r.grad_norm);
-    }
-    collect(trainer, mesh, mu, resumed.final);
-    std::lock_guard lk(mu);
-    if (world.rank() == 0) {
-      resumed.losses = losses;
-      resumed.grad_norms = norms;
-    }
+    test::train_and_collect(trainer, mesh, total - first, 1, mu, resumed);
   });
-  Run tail = ref;
+  RunResult tail = ref;
   tail.losses.erase(tail.losses.begin(), tail.losses.begin() + first);
   tail.grad_norms.erase(tail.grad_norms.begin(), tail.grad_norms.begin() + first);
   CHECK(resumed.losses == tail.losses);
@@ -208,7 +151,7 @@ TEST_CASE("a Bf16Mixed checkpoint holds the master weights: it resumes bitwise a
     DeviceMesh mesh(world, ParallelLayout{});
     train::Trainer<Fp32> trainer(config, tc, mesh, test::shakespeare(config.seq_length));
     train::load_checkpoint(dir, trainer);
-    collect(trainer, mesh, mu, loaded);
+    test::collect_state(trainer, mesh, 1, mu, loaded);
   });
   CHECK(test::relative_error(loaded, masters) == 0.0);
   std::filesystem::remove_all(dir);
@@ -221,12 +164,13 @@ TEST_CASE("Bf16Mixed trains tiny Shakespeare to fp32's validation loss within 0.
   const int steps = 150;
   auto tc = test::small_train_config(8, steps);
   tc.eval_iters = 8;
-  const Run fp32 = run<Fp32>(ParallelLayout{.data = 2}, 0, config, steps, &tc, true);
-  const Run bf16 = run<Bf16>(ParallelLayout{.data = 2}, 1, config, steps, &tc, true);
-  MESSAGE("validation loss after ", steps, " steps: fp32 ", fp32.val_loss, ", bf16 mixed ", bf16.val_loss);
-  CHECK(fp32.val_loss < 3.0);  // it did learn (from ln 127 = 4.84)
-  CHECK(std::abs(bf16.val_loss - fp32.val_loss) <= 0.05);
-  CHECK(bf16.val_loss != fp32.val_loss);
+  double fp32 = 0.0, bf16 = 0.0;
+  run<Fp32>(ParallelLayout{.data = 2}, 0, config, steps, &tc, &fp32);
+  run<Bf16>(ParallelLayout{.data = 2}, 1, config, steps, &tc, &bf16);
+  MESSAGE("validation loss after ", steps, " steps: fp32 ", fp32, ", bf16 mixed ", bf16);
+  CHECK(fp32 < 3.0);  // it did learn (from ln 127 = 4.84)
+  CHECK(std::abs(bf16 - fp32) <= 0.05);
+  CHECK(bf16 != fp32);
 }
 
 TEST_CASE("Fp16Mixed scales the loss by default; mixed precision refuses the other 16-bit gradient dtype") {

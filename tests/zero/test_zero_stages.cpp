@@ -25,17 +25,16 @@
 #include "dsp/policy.hpp"
 #include "dsp/train/checkpointing.hpp"
 #include "dsp/train/trainer.hpp"
-#include "../gather_global.hpp"
-#include "../relative_error.hpp"
 #include "../train/small_model.hpp"
 #include "../train/small_train_config.hpp"
+#include "run_result.hpp"
 
 using namespace dsp;
 using P = Policy<backend::Host, comm::ThreadComm>;
 
 namespace {
 
-using Params = std::map<std::string, Tensor>;  // global tensors by name
+using test::RunResult;
 
 struct Layout {
   int tp = 1, pp = 1, dp = 4, ep = 1;
@@ -44,11 +43,6 @@ struct Layout {
   std::int64_t global_batch = 8;
   std::int64_t layers_per_virtual_stage = 0;
   bool full_recompute = false;
-};
-
-struct RunResult {
-  std::vector<double> losses, grad_norms;
-  Params final;  // parameters and both moments ("exp_avg.<name>", "exp_avg_sq.<name>")
 };
 
 train::TrainConfig train_config(const Layout& l, int steps) {
@@ -60,27 +54,6 @@ train::TrainConfig train_config(const Layout& l, int steps) {
   return tc;
 }
 
-// Every global parameter and moment of DP replica 0 (its expert group for routed experts),
-// made whole for the moment as a checkpoint does.
-template <class Comm>
-void collect(train::Trainer<P>& trainer, DeviceMesh<Comm>& mesh, int ep, std::mutex& mu, Params& out) {
-  auto& opt = trainer.optimizer();
-  opt.gather_for_checkpoint();
-  Params mine;
-  const auto params = opt.parameters();
-  for (std::size_t i = 0; i < params.size(); ++i) {
-    const auto* p = params[i];
-    if (p->tied_copy) continue;
-    auto& tp = mesh.tensor_group();
-    mine[p->spec.name] = test::gather_global(tp, p->spec, p->value);
-    mine["exp_avg." + p->spec.name] = test::gather_global(tp, p->spec, opt.exp_avg(i));
-    mine["exp_avg_sq." + p->spec.name] = test::gather_global(tp, p->spec, opt.exp_avg_sq(i));
-  }
-  opt.partition_after_checkpoint(false);
-  std::lock_guard lk(mu);
-  if (mesh.dp_rank() < ep && mesh.tp_rank() == 0) out.merge(mine);
-}
-
 RunResult run(const Layout& l, const model::ModelConfig& config, int steps) {
   const train::TrainConfig tc = train_config(l, steps);
   RunResult out;
@@ -88,30 +61,9 @@ RunResult run(const Layout& l, const model::ModelConfig& config, int steps) {
   comm::launch(l.tp * l.pp * l.dp, [&](comm::ThreadComm& world) {
     DeviceMesh mesh(world, ParallelLayout{.tensor = l.tp, .pipeline = l.pp, .data = l.dp, .expert = l.ep});
     train::Trainer<P> trainer(config, tc, mesh, test::shakespeare(config.seq_length));
-    std::vector<double> losses, norms;
-    for (int s = 0; s < steps; ++s) {
-      const auto r = trainer.train_step();
-      losses.push_back(r.loss);
-      norms.push_back(r.grad_norm);
-    }
-    collect(trainer, mesh, l.ep, mu, out.final);
-    std::lock_guard lk(mu);
-    if (world.rank() == 0) {
-      out.losses = losses;
-      out.grad_norms = norms;
-    }
+    test::train_and_collect(trainer, mesh, steps, l.ep, mu, out);
   });
   return out;
-}
-
-void check_same(const RunResult& r, const RunResult& ref) {
-  REQUIRE(r.losses.size() == ref.losses.size());
-  for (std::size_t s = 0; s < r.losses.size(); ++s) {
-    CAPTURE(s);
-    CHECK(std::abs(r.losses[s] - ref.losses[s]) <= 1e-6 * std::abs(ref.losses[s]));
-    CHECK(std::abs(r.grad_norms[s] - ref.grad_norms[s]) <= 1e-6 * std::abs(ref.grad_norms[s]));
-  }
-  CHECK(test::relative_error(r.final, ref.final) <= 1e-6);
 }
 
 }  // namespace
@@ -128,7 +80,7 @@ TEST_CASE("ZeRO 1, 2 and 3 give plain data parallelism's losses, norms, paramete
       CAPTURE(l.global_batch);
       CAPTURE(stage);
       l.zero = stage;
-      check_same(run(l, config, steps), ref);
+      test::check_same(run(l, config, steps), ref);
       l.zero = 0;
     }
   }
@@ -142,7 +94,7 @@ TEST_CASE("ZeRO 3 with an interleaved schedule, full recomputation and tied embe
   Layout l{.pp = 2, .dp = 2, .layers_per_virtual_stage = 1, .full_recompute = true};
   const RunResult ref = run(l, config, 6);
   l.zero = 3;
-  check_same(run(l, config, 6), ref);
+  test::check_same(run(l, config, 6), ref);
 }
 
 TEST_CASE("ZeRO with expert parallelism: routed experts partitioned over the expert-data-parallel group") {
@@ -152,7 +104,7 @@ TEST_CASE("ZeRO with expert parallelism: routed experts partitioned over the exp
   for (int stage : {1, 2, 3}) {
     CAPTURE(stage);
     l.zero = stage;
-    check_same(run(l, config, 6), ref);
+    test::check_same(run(l, config, 6), ref);
   }
 }
 
@@ -183,23 +135,12 @@ TEST_CASE("a checkpoint saved at ZeRO 3 on DP 4 resumes at ZeRO 1 on DP 2 and Ze
       DeviceMesh mesh(world, ParallelLayout{.data = l.dp});
       train::Trainer<P> trainer(config, tc, mesh, test::shakespeare(config.seq_length));
       train::load_checkpoint(dir, trainer);
-      std::vector<double> losses, norms;
-      for (int s = first; s < total; ++s) {
-        const auto step = trainer.train_step();
-        losses.push_back(step.loss);
-        norms.push_back(step.grad_norm);
-      }
-      collect(trainer, mesh, 1, mu, r.final);
-      std::lock_guard lk(mu);
-      if (world.rank() == 0) {
-        r.losses = losses;
-        r.grad_norms = norms;
-      }
+      test::train_and_collect(trainer, mesh, total - first, 1, mu, r);
     });
     RunResult tail = ref;
     tail.losses.erase(tail.losses.begin(), tail.losses.begin() + first);
     tail.grad_norms.erase(tail.grad_norms.begin(), tail.grad_norms.begin() + first);
-    check_same(r, tail);
+    test::check_same(r, tail);
   }
   std::filesystem::remove_all(dir);
 }
