@@ -4,7 +4,8 @@
 #  - TP=2 x PP=2 on 4 processes (pipeline sends and receives between processes) likewise;
 #  - an MoE model at TP=2 x EP=2 (tokens exchanged by all_to_all_v between processes) likewise;
 #  - ZeRO stage 2 at TP=2 x DP=2 (gradients reduce-scattered, parameters all-gathered between
-#    processes) likewise;
+#    processes) likewise, and --bf16 at ZeRO stage 3 (bf16 gradients and parameters between
+#    processes);
 #  - --world-size that differs from the MPI size: a message naming both, non-zero exit;
 #  - --profile-file on 2 processes: rank 0 writes one trace with spans of both ranks;
 #  - a rank killed with SIGKILL, and a rank that throws (only rank 0 opens the metrics file),
@@ -66,12 +67,13 @@ mpi_equals_threads() {
   awk -v a="$t0" -v b="$t1" -v c="$t2" -v n="$name" 'BEGIN { printf "%s: wall time: threads %.2f s, mpiexec -n 4 %.2f s\n", n, b - a, c - b }'
 }
 
-# --- MPI run == thread run (TP2 x DP2, TP2 x PP2, TP2 x EP2, ZeRO 2) -------------------------
+# --- MPI run == thread run (TP2 x DP2, TP2 x PP2, TP2 x EP2, ZeRO 2, bf16 ZeRO 3) --------------
 mpi_equals_threads tp2dp2 "TP2/PP1/DP2"
 mpi_equals_threads tp2pp2 "TP2/PP2/DP1" --pipeline-model-parallel-size 2
 mpi_equals_threads tp2ep2 "TP2/PP1/DP2/EP2" --expert-model-parallel-size 2 --num-experts 8 --moe-router-topk 2 \
   --moe-ffn-hidden-size 32 --num-shared-experts 1 --first-k-dense-replace 1 --moe-aux-loss-coeff 0.001
 mpi_equals_threads tp2dp2_zero2 "TP2/PP1/DP2, .*ZeRO stage 2," --zero-stage 2
+mpi_equals_threads tp2dp2_bf16_zero3 "TP2/PP1/DP2, .*bf16 precision, ZeRO stage 3," --bf16 --zero-stage 3
 
 # --- --world-size must equal the MPI size ---------------------------------------------------
 timeout 60 "${mpi[@]}" -n 2 "$bin/dsp-train" "${model[@]}" --world-size 4 --train-iters 2 >"$work/out" 2>&1
