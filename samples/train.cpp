@@ -318,6 +318,12 @@ int main(int argc, char** argv) {
                                    {"--moe-router-bias-update-rate", "--moe-aux-loss-coeff",
                                     "--moe-expert-capacity-factor", "--moe-token-drop-policy"});
     o.train.ddp.grad_reduce_dtype = dsp::dp::grad_reduce_dtype_from_name(o.grad_reduce_dtype);
+    if (o.bf16 || o.fp16) {  // the gradients are kept and reduced in the 16-bit type
+      const std::string type = o.bf16 ? "bf16" : "fp16";
+      DSP_CHECK_AS(dsp::ConfigError, app.count("--grad-reduce-dtype") == 0 || o.grad_reduce_dtype == type, "--", type,
+                   " keeps gradients in ", type, ": --grad-reduce-dtype must be ", type, ", got ", o.grad_reduce_dtype);
+      o.train.ddp.grad_reduce_dtype = dsp::dp::grad_reduce_dtype_from_name(type);
+    }
     if (app.count("--initial-loss-scale") > 0 || o.fp16) {  // --fp16: dynamic loss scaling always
       o.train.loss_scaler = o.loss_scaler;
     } else {

@@ -11,7 +11,7 @@
 #    steps (reported) and still trains its 6 steps; a loss-scale flag alone is refused;
 #  - mixed precision: --bf16 at ZeRO 3 gives its ZeRO 0 losses exactly (DP4), a --bf16 run
 #    stopped at step 3 resumes exactly and its checkpoint generates; --fp16 scales the loss
-#    (loss_scale in the metrics); --bf16 with --fp16, or with --grad-reduce-dtype fp16, is refused;
+#    (loss_scale in the metrics); --bf16 with --fp16, or another --grad-reduce-dtype, is refused;
 #  - pipeline parallelism (4 layers): PP2, TP2 x PP2, interleaved and GPipe give the world-1
 #    losses (1e-5 relative); --print-pipeline-schedule prints a rank table; bubble_fraction > 0;
 #    a PP2 run stopped at step 3 resumes at PP2 (exactly), PP4 and PP1 (1e-5); a TP2 x PP2
@@ -176,8 +176,10 @@ exact_losses "--bf16 stopped at step 3 and resumed" "$work/bf16_0.jsonl" "$work/
   && ok || fail "--fp16 run with default loss scaling: $(cat "$work/out")"
 expect_fail "--bf16 with --fp16" "--bf16 excludes --fp16" "$work/m24" -- \
   "$bin/dsp-train" "${model[@]}" --bf16 --fp16 --metrics-file "$work/m24"
-expect_fail "--bf16 with fp16 gradients" "--grad-reduce-dtype must be bf16" "$work/m25" -- \
+expect_fail "--bf16 with fp16 gradients" "--bf16 keeps gradients in bf16: --grad-reduce-dtype must be bf16, got fp16" "$work/m25" -- \
   "$bin/dsp-train" "${model[@]}" --bf16 --grad-reduce-dtype fp16 --metrics-file "$work/m25"
+expect_fail "--fp16 with fp32 gradients" "--fp16 keeps gradients in fp16: --grad-reduce-dtype must be fp16, got fp32" "$work/m26" -- \
+  "$bin/dsp-train" "${model[@]}" --fp16 --grad-reduce-dtype fp32 --metrics-file "$work/m26"
 
 # --- pipeline parallelism: the same losses at any TP x PP and schedule ----------------------
 pp=("${model[@]}" --num-layers 4 --peak-flops 1e10)

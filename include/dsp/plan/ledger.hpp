@@ -23,6 +23,11 @@
 //       backward temporaries (gradients of its inputs and intermediates), the output layer's
 //       logits gradient on the last stage, and, with full recomputation, the re-materialised
 //       group. An estimate of dsp's host implementation, to be measured.
+// Mixed precision on the Host backend differs from this in two ways that cancel in part: its
+// buckets' 16-bit payload is where the gradients are kept (measured as gradients, so at ZeRO
+// 0/1 with DP > 1 the payload counted under communication is not allocated besides), and each
+// part's fp32 gradient lives from its first backward until its bucket is packed (up to 4 bytes
+// per parameter of the stage without --overlap-grad-reduce), which is not counted.
 // Serving: weights = the parameters of one stage holding every layer at the serving TP (EP 1)
 // x dtype bytes; KV cache = 2 x layers x kv_heads_local x head_dim x batch x tokens x bytes,
 // kv_heads_local = kv_heads / TP, or 1 when kv_heads < TP (each K/V head replicated on
@@ -30,10 +35,11 @@
 // of batch x tokens plus one layer's forward temporaries (estimate).
 //
 // What can be measured today: parameter bytes (exact), fp32 parameters, gradients and AdamW
-// moments at ZeRO 0-3 (exact at DP 4, tests/plan/test_ledger_measured.cpp), fp32 activations without recomputation (dsp::memory counts Tensor storage;
+// moments at ZeRO 0-3, also in bf16 / fp16 mixed precision (16-bit parameters and gradients,
+// fp32 masters and moments; exact at DP 4, tests/plan/test_ledger_measured.cpp), fp32 activations without recomputation (dsp::memory counts Tensor storage;
 // the fp32 statistics and index vectors kept in std::vector are not counted there), KV cache
 // (exact), the step's peak with and without recomputation (within 10%,
-// tests/plan/test_ledger_peak.cpp). Mixed precision is a prediction for code to come.
+// tests/plan/test_ledger_peak.cpp). 16-bit activations are a prediction for code to come.
 #include <algorithm>
 #include <cstdint>
 #include <string>
