@@ -1,6 +1,7 @@
 // Bucketed data-parallel gradient reduction (dp/grad_buckets.hpp): bucket assignment, one
 // all-reduce per bucket per step, overlap on == overlap off bitwise, the sums against a
-// naive per-rank reference, and bf16 transport with fp32 accumulation.
+// naive per-rank reference, bf16 / fp16 transport with fp32 accumulation, and mixed precision's
+// gradients kept in the 16-bit payload.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -171,6 +172,46 @@ TEST_CASE("16-bit transport (bf16, fp16): every rank's gradient rounded once, su
   };
   check(bf16{}, dp::GradReduceDType::Bf16);
   check(fp16{}, dp::GradReduceDType::Fp16);
+}
+
+TEST_CASE("mixed precision: the gradients are kept in the 16-bit payload at ZeRO 0-3, each the 16-bit rounding of the fp32 sum of 16-bit gradients") {
+  // GradBuckets with mixed_precision (Bf16Mixed / Fp16Mixed): the full fp32 gradients are
+  // released once packed at every stage and reduced<T>() returns 16-bit sums (stage 0: whole;
+  // from 1: the owned slice). Also on a group of one, where the payload is still 16-bit.
+  const auto check = [](auto type, dp::GradReduceDType dtype) {
+    using T = decltype(type);
+    for (int ranks : {1, 4})
+      for (int stage : {0, 1, 2, 3})
+        comm::launch(ranks, [&](comm::ThreadComm& world) {
+          CAPTURE(ranks);
+          CAPTURE(stage);
+          auto ps = make_params({300, 7}, world.rank());
+          dp::GradBuckets<comm::ThreadComm> b(world, raw(ps), {.grad_reduce_dtype = dtype}, nullptr, stage, true);
+          b.begin_last_micro_batch();
+          b.finish();
+          for (std::size_t k = 0; k < ps.size(); ++k) {
+            CHECK(ps[k]->grad.empty());  // released once packed
+            const zero::ShardRange range = b.range(*ps[k]);
+            const std::span<T> reduced = b.reduced<T>(*ps[k]);
+            REQUIRE(static_cast<std::int64_t>(reduced.size()) == range.valid());
+            for (std::int64_t i = range.begin; i < range.end(); ++i) {
+              float acc = 0;
+              for (int r = 0; r < ranks; ++r)
+                acc += static_cast<float>(T(static_cast<float>((r + 1) * 0.001 * (double(k) * 1000 + double(i)) + 1.0 / 3)));
+              CHECK(static_cast<float>(reduced[static_cast<std::size_t>(i - range.begin)]) == static_cast<float>(T(acc)));
+            }
+          }
+          CHECK_THROWS_AS(b.reduced<float>(*ps[0]), Error);  // not kept in fp32
+        });
+  };
+  check(bf16{}, dp::GradReduceDType::Bf16);
+  check(fp16{}, dp::GradReduceDType::Fp16);
+  comm::launch(1, [](comm::ThreadComm& world) {
+    auto ps = make_params({3}, 0);
+    CHECK_THROWS_WITH_AS(dp::GradBuckets<comm::ThreadComm>(world, raw(ps), {}, nullptr, 0, true),
+                         "mixed precision keeps the gradients in 16 bits: --grad-reduce-dtype must be bf16 or fp16",
+                         ConfigError);
+  });
 }
 
 TEST_CASE("fp16 transport overflows to infinity past 65504 (what loss scaling detects)") {
