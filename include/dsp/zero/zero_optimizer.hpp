@@ -70,6 +70,7 @@ template <class Backend, comm::Communicator Comm, class T = float>
 class ZeroOptimizer {
  public:
   using Buckets = dp::GradBuckets<Comm>;
+  /// Whether parameters and gradients are stored in 16 bits.
   static constexpr bool mixed = !std::is_same_v<T, float>;
 
   /// params: this rank's parameters, each in exactly one of `buckets`, which were all built for
@@ -315,8 +316,6 @@ class ZeroOptimizer {
     for (const auto& s : slots_) out.push_back(s.p);
     return out;
   }
-  /// Whether parameters and gradients are stored in 16 bits.
-  static constexpr bool mixed_precision() { return mixed; }
   /// First and second moments of parameter i, of its whole local shape: at stage 0 always,
   /// from stage 1 between gather_for_checkpoint and partition_after_checkpoint.
   Tensor& exp_avg(std::size_t i) { return stage_ == 0 ? slots_.at(i).exp_avg : slots_.at(i).full_exp_avg; }
