@@ -39,6 +39,7 @@
 #include "dsp/ep/moe_options.hpp"
 #include "dsp/model/forward_context.hpp"
 #include "dsp/parallel/device_mesh.hpp"
+#include "dsp/policy.hpp"
 #include "dsp/pp/engine.hpp"
 #include "dsp/pp/pipeline_config.hpp"
 #include "dsp/pp/pipeline_stage.hpp"
