@@ -372,7 +372,7 @@ class GradBuckets {
           for_each_slice(b, [&](const float* g, std::int64_t off, std::int64_t n) {
             for (std::int64_t i = 0; i < n; ++i) payload[static_cast<std::size_t>(off + i)] = T(g[i]);
           });
-          if (mixed_)
+          if (releases_gradients())
             for (auto* p : b.params) p->grad = Tensor{};
           if (dp_->size() > 1) b.work = dp_->all_reduce_async(std::span<T>(payload));
         },

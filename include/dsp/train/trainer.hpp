@@ -143,8 +143,9 @@ class Trainer {
   /// The element type parameters and gradients are stored in (float, bf16, fp16).
   using Storage = typename Precision::storage_type;
   /// The layers compute in fp32 whatever the precision (mixed precision widens the stored
-  /// 16-bit parameters: zero::ZeroOptimizer), so every precision shares one stage type.
-  using Stage = pp::PipelineStage<dsp::Policy<Backend, Comm>>;
+  /// 16-bit parameters: zero::ZeroOptimizer), so every precision shares one model type.
+  using ModelPolicy = dsp::Policy<Backend, Comm>;
+  using Stage = pp::PipelineStage<ModelPolicy>;
   using Optimizer = zero::ZeroOptimizer<Backend, Comm, Storage>;
 
   /// Collective over the mesh. Throws ConfigError when the model does not split over TP or
@@ -317,8 +318,8 @@ class Trainer {
     return out;
   }
   /// This rank's MoE layers, chunk after chunk.
-  std::vector<ep::MoELayer<dsp::Policy<Backend, Comm>>*> moe_layers() {
-    std::vector<ep::MoELayer<dsp::Policy<Backend, Comm>>*> out;
+  std::vector<ep::MoELayer<ModelPolicy>*> moe_layers() {
+    std::vector<ep::MoELayer<ModelPolicy>*> out;
     for (auto& s : stages_)
       for (auto* m : s->moe_layers()) out.push_back(m);
     return out;

@@ -154,8 +154,9 @@ class ZeroOptimizer {
     std::vector<double> sq{0.0, 0.0};  // (others, routed experts)
     for (auto& s : slots_) {
       if (s.p->tied_copy) continue;  // its owner on the first stage counts it
-      const Tensor wide = fp32_gradient(s);
-      sq[s.p->expert ? 1 : 0] += sum_squares(Backend{}, gradient_size(s), fp32_data(s, wide),
+      Tensor wide;
+      const std::span<const float> g = fp32_gradient(s, wide);
+      sq[s.p->expert ? 1 : 0] += sum_squares(Backend{}, static_cast<std::int64_t>(g.size()), g.data(),
                                              s.weights.empty() ? nullptr : s.weights.data() + s.range.begin);
     }
     if (stage_ == 0 && ep && ep->size() > 1) ep->all_reduce(std::span(sq).subspan(1));
@@ -184,11 +185,11 @@ class ZeroOptimizer {
   /// apply as they widen them, until step().
   bool unscale_gradients(float factor) {
     bool found = false;
+    if constexpr (mixed) grad_factor_ = factor;
     for (auto& s : slots_) {
       const std::span<T> g = grad(s);
       found = found || std::any_of(g.begin(), g.end(), [](T x) { return !std::isfinite(static_cast<float>(x)); });
-      if constexpr (mixed) grad_factor_ = factor;
-      else scale(Backend{}, static_cast<std::int64_t>(g.size()), factor, g.data());
+      if constexpr (!mixed) scale(Backend{}, static_cast<std::int64_t>(g.size()), factor, g.data());
     }
     return found;
   }
@@ -207,9 +208,10 @@ class ZeroOptimizer {
     drop_prefetch();
     ++step_;
     for (auto& s : slots_) {
-      const Tensor wide = fp32_gradient(s);
-      const std::int64_t n = gradient_size(s);
-      adamw_update(Backend{}, n, owned_values(s), fp32_data(s, wide), s.exp_avg.data(),
+      Tensor wide;
+      const std::span<const float> g = fp32_gradient(s, wide);
+      const auto n = static_cast<std::int64_t>(g.size());
+      adamw_update(Backend{}, n, owned_values(s), g.data(), s.exp_avg.data(),
                    s.exp_avg_sq.data(), lr, config_.beta1, config_.beta2, config_.eps,
                    s.p->weight_decay ? config_.weight_decay : 0.0f, step_);
       if constexpr (mixed) narrow(s.master.data(), n, s.stored.data() + (stage_ == 3 ? 0 : s.range.begin));
@@ -354,21 +356,17 @@ class ZeroOptimizer {
   }
 
   std::span<T> grad(Slot& s) { return s.buckets->template reduced<T>(*s.p); }
-  std::int64_t gradient_size(Slot& s) { return static_cast<std::int64_t>(grad(s).size()); }
-  // Mixed precision: the gradient widened to fp32 times the unscale and clipping factors
-  // (Workspace); fp32: empty (the gradient is used in place).
-  Tensor fp32_gradient(Slot& s) {
-    if constexpr (!mixed) return {};
+  // The fp32 gradient the update reads: fp32, the reduced one in place; mixed precision, the
+  // 16-bit one widened into `wide` (Workspace) times the unscale and clipping factors.
+  std::span<const float> fp32_gradient(Slot& s, Tensor& wide) {
     const std::span<T> g = grad(s);
-    Tensor out({static_cast<std::int64_t>(g.size())}, memory::Category::Workspace);
-    for (std::size_t i = 0; i < g.size(); ++i) out[static_cast<std::int64_t>(i)] = static_cast<float>(g[i]) * grad_factor_;
-    return out;
-  }
-
-  // The fp32 gradient: `wide` (mixed precision) or the reduced one in place.
-  const float* fp32_data(Slot& s, const Tensor& wide) {
-    if constexpr (mixed) return wide.data();
-    else return grad(s).data();
+    if constexpr (!mixed) {
+      return g;
+    } else {
+      wide = Tensor({static_cast<std::int64_t>(g.size())}, memory::Category::Workspace);
+      for (std::size_t i = 0; i < g.size(); ++i) wide[static_cast<std::int64_t>(i)] = static_cast<float>(g[i]) * grad_factor_;
+      return wide.span();
+    }
   }
 
   // Whether Parameter::value exists only while acquired (stage 3, mixed precision).
