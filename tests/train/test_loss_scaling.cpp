@@ -35,7 +35,7 @@ train::TrainConfig train_config(int zero_stage) {
   return tc;
 }
 
-// This rank's parameter values (mixed precision: the master weights) and (whole) moments, flattened.
+// This rank's parameter values (mixed precision: the master weights) and the moments it owns, flattened.
 template <class Pol>
 std::vector<float> snapshot(train::Trainer<Pol>& t) {
   auto& opt = t.optimizer();

@@ -12,6 +12,7 @@
 
 #include "dsp/train/trainer.hpp"
 #include "../gather_global.hpp"
+#include "whole_moment.hpp"
 #include "../relative_error.hpp"
 
 namespace dsp::test {
@@ -24,7 +25,8 @@ struct RunResult {
 };
 
 /// Every global parameter and moment of DP replica 0 (its expert group, the first `ep` DP
-/// ranks, for routed experts), made whole for the moment as a checkpoint does, merged into out.
+/// ranks, for routed experts), made whole for the moment (parameters as a checkpoint does,
+/// moments by whole_moment), merged into out.
 /// Collective over the mesh.
 template <class P, class Comm>
 void collect_state(train::Trainer<P>& trainer, DeviceMesh<Comm>& mesh, int ep, std::mutex& mu, Params& out) {
@@ -37,8 +39,8 @@ void collect_state(train::Trainer<P>& trainer, DeviceMesh<Comm>& mesh, int ep, s
     if (p->tied_copy) continue;
     auto& tp = mesh.tensor_group();
     mine[p->spec.name] = gather_global(tp, p->spec, p->value);
-    mine["exp_avg." + p->spec.name] = gather_global(tp, p->spec, opt.exp_avg(i));
-    mine["exp_avg_sq." + p->spec.name] = gather_global(tp, p->spec, opt.exp_avg_sq(i));
+    mine["exp_avg." + p->spec.name] = gather_global(tp, p->spec, whole_moment(opt, i, opt.exp_avg(i)));
+    mine["exp_avg_sq." + p->spec.name] = gather_global(tp, p->spec, whole_moment(opt, i, opt.exp_avg_sq(i)));
   }
   opt.partition_after_checkpoint(false);
   std::lock_guard lk(mu);

@@ -1,14 +1,19 @@
 #pragma once
 // Loading a sharded checkpoint, at any tensor-parallel size. Every global tensor is assembled
-// from all the shard files with unshard_into (the manifest's spec at the saved TP), and a
-// rank's local tensor is shard_of(spec, global, target TP, rank): loading at another TP is
-// resharding straight from the manifest. Every file is verified against the manifest's size
-// and CRC-32 before any data is used.
+// from all the shard files (or the partition files holding its parts) with unshard_into (the
+// manifest's spec at the saved TP), and a rank's local tensor is shard_of(spec, global, target
+// TP, rank): loading at another TP is resharding straight from the manifest. At the saved TP a
+// range of a local shard is read on its own (CheckpointReader::read_local), which is how ZeRO
+// loads the slice it owns at any data-parallel size. Every file is verified against the
+// manifest's size and CRC-32 before any data is used.
 #include <algorithm>
+#include <compare>
 #include <cstddef>
+#include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -29,64 +34,151 @@ namespace dsp::checkpoint {
 /// tensor plus one shard at a time, beyond the file headers).
 class CheckpointReader {
  public:
-  /// Loads and verifies the manifest (load_manifest) and reads every shard file's header.
-  /// Throws CheckpointError naming the file when a header is invalid (read_safetensors), a file
-  /// holds a tensor the manifest does not list or a shard whose shape is not the spec's local
-  /// shape at the saved TP, or a listed tensor lacks the shard of some TP rank.
+  /// Loads and verifies the manifest (load_manifest, which also checks that partition files
+  /// tile their tensors) and reads every file's header. Throws CheckpointError naming the file
+  /// when a header is invalid (read_safetensors), a file holds a tensor the manifest does not
+  /// list (or a partition file one its record does not), a shard whose shape is not the spec's
+  /// local shape at the saved TP, a part whose length is not its range's, or a tensor both
+  /// whole and in parts; or naming the tensor when it lacks the shard of some TP rank.
   explicit CheckpointReader(std::filesystem::path dir) : dir_(std::move(dir)), manifest_(load_manifest(dir_)) {
     const int tp = manifest_.meta.layout.tensor;
     for (const auto& [name, record] : manifest_.files) {
       files_.push_back(read_safetensors(dir_ / name));
       const SafetensorsFile& file = files_.back();
+      const auto fail = [&](const auto&... what) {
+        return CheckpointError(dsp::detail::concat(file.path().string(), ": ", what...));
+      };
       for (const SafetensorsEntry& e : file.entries()) {
         const ShardedTensor* spec = manifest_.find(e.name);
-        if (!spec)
-          throw CheckpointError(dsp::detail::concat(file.path().string(), ": holds tensor ", e.name, ", which ",
-                                                    manifest_file_name, " does not list"));
-        if (e.shape != spec->local_shape(tp))
-          throw CheckpointError(dsp::detail::concat(file.path().string(), ": tensor ", e.name, " has shape ",
-                                                    shape_str(e.shape), ", its spec at TP ", tp, " gives ",
-                                                    shape_str(spec->local_shape(tp))));
-        shards_[e.name].push_back({record.tp_rank, files_.size() - 1});
+        if (!spec) throw fail("holds tensor ", e.name, ", which ", manifest_file_name, " does not list");
+        if (!record.partition()) {
+          if (e.shape != spec->local_shape(tp))
+            throw fail("tensor ", e.name, " has shape ", shape_str(e.shape), ", its spec at TP ", tp, " gives ",
+                       shape_str(spec->local_shape(tp)));
+          pieces_[e.name].push_back({record.tp_rank, 0, numel(e.shape), files_.size() - 1, false});
+          continue;
+        }
+        const auto range = record.ranges.find(e.name);
+        if (range == record.ranges.end()) throw fail("holds tensor ", e.name, ", which its record does not list");
+        const auto [begin, end] = range->second;
+        if (e.shape != Shape{end - begin})
+          throw fail("tensor ", e.name, " has shape ", shape_str(e.shape), ", its range [", begin, ", ", end,
+                     ") needs [", end - begin, "]");
+        pieces_[e.name].push_back({record.tp_rank, begin, end, files_.size() - 1, true});
       }
+      for (const auto& [tensor, range] : record.ranges)
+        if (!file.contains(tensor)) throw fail("lacks tensor ", tensor, ", which its record lists");
     }
     for (const ShardedTensor& spec : manifest_.tensors) {
+      auto& pieces = pieces_[spec.name];
+      std::sort(pieces.begin(), pieces.end());
+      const auto in_part = [](const Piece& p) { return p.part; };
+      if (std::any_of(pieces.begin(), pieces.end(), in_part)) {  // tiled: check_partitions
+        if (!std::all_of(pieces.begin(), pieces.end(), in_part))
+          throw CheckpointError(dsp::detail::concat(dir_.string(), ": tensor ", spec.name,
+                                                    " is held both whole and in parts"));
+        continue;
+      }
+      const auto same_rank = [](const Piece& a, const Piece& b) { return a.tp_rank == b.tp_rank; };
       // Ranks lie in [0, tp) (read_manifest checks), so tp shards without a repeat cover them all.
-      auto& shards = shards_[spec.name];
-      std::sort(shards.begin(), shards.end(),
-                [](const Shard& a, const Shard& b) { return a.tp_rank < b.tp_rank; });
-      const auto same_rank = [](const Shard& a, const Shard& b) { return a.tp_rank == b.tp_rank; };
-      if (shards.size() != static_cast<std::size_t>(tp) ||
-          std::adjacent_find(shards.begin(), shards.end(), same_rank) != shards.end())
-        throw CheckpointError(dsp::detail::concat(dir_.string(), ": tensor ", spec.name, " has ", shards.size(),
+      if (pieces.size() != static_cast<std::size_t>(tp) ||
+          std::adjacent_find(pieces.begin(), pieces.end(), same_rank) != pieces.end())
+        throw CheckpointError(dsp::detail::concat(dir_.string(), ": tensor ", spec.name, " has ", pieces.size(),
                                                   " shard(s), expected one from each of TP ranks 0..", tp - 1));
     }
   }
 
   /// The verified manifest.
   const Manifest& manifest() const { return manifest_; }
+  /// The checkpoint directory.
+  const std::filesystem::path& dir() const { return dir_; }
+
+  /// The saved spec of `expected.name`. Throws CheckpointError when the checkpoint has no such
+  /// tensor ("checkpoint <dir> has no tensor(s) X"), or it was saved from a different model:
+  /// "checkpoint <dir> has a different model: tensor X has shape A, model expects B" (or "is
+  /// split as ..., model expects ...").
+  const ShardedTensor& matching_spec(const ShardedTensor& expected) const {
+    const ShardedTensor* saved = manifest_.find(expected.name);
+    if (!saved)
+      throw CheckpointError(dsp::detail::concat("checkpoint ", dir_.string(), " has no tensor(s) ", expected.name));
+    check_same_spec(*saved, expected);
+    return *saved;
+  }
 
   /// The global tensor `name` (shape spec.global_shape, padding removed), assembled from the
-  /// shards of all TP ranks. Throws CheckpointError naming the directory when the checkpoint
-  /// has no such tensor, or naming the file when a shard cannot be read.
+  /// shards (or their parts) of all TP ranks. Throws CheckpointError naming the directory when
+  /// the checkpoint has no such tensor, or naming the file when a shard cannot be read.
   Tensor global_tensor(std::string_view name) const {
-    const ShardedTensor* spec = manifest_.find(name);
-    if (!spec) throw CheckpointError(dsp::detail::concat(dir_.string(), ": no tensor ", name));
-    Tensor global(spec->global_shape);
-    for (const Shard& s : shards_.at(spec->name))
-      unshard_into(*spec, files_[s.file].tensor(name), manifest_.meta.layout.tensor, s.tp_rank, global);
+    const ShardedTensor& spec = find(name);
+    Tensor global(spec.global_shape);
+    const int tp = manifest_.meta.layout.tensor;
+    for (int r = 0; r < tp; ++r) {
+      Tensor local(spec.local_shape(tp));
+      read_saved(name, r, 0, local.span());
+      unshard_into(spec, local, tp, r, global);
+    }
     return global;
   }
 
+  /// Elements [begin, begin + out.size()) of TP rank tp_rank's shard of tensor `name` at TP
+  /// tp_size (shard_of its global tensor), flattened row-major. At the saved TP size it reads
+  /// just those elements; at another it assembles the global tensor. Throws as global_tensor,
+  /// and CheckpointError when the elements lie outside the shard.
+  void read_local(std::string_view name, int tp_size, int tp_rank, std::int64_t begin, std::span<float> out) const {
+    const ShardedTensor& spec = find(name);
+    const std::int64_t n = numel(spec.local_shape(tp_size));
+    DSP_CHECK_AS(CheckpointError, begin >= 0 && begin + static_cast<std::int64_t>(out.size()) <= n, dir_.string(),
+                 ": tensor ", name, " has ", n, " elements per shard at TP ", tp_size, ", not [", begin, ", ",
+                 begin + static_cast<std::int64_t>(out.size()), ")");
+    if (tp_size == manifest_.meta.layout.tensor) return read_saved(name, tp_rank, begin, out);
+    const Tensor local = shard_of(spec, global_tensor(name), tp_size, tp_rank);
+    std::copy_n(local.data() + begin, out.size(), out.data());
+  }
+
  private:
-  struct Shard {
+  // Elements [begin, end) of TP rank tp_rank's saved shard, held by file `file` (from its
+  // element 0): the whole shard (a shard file) or a part (a partition file).
+  struct Piece {
     int tp_rank;
+    std::int64_t begin, end;
     std::size_t file;  // index into files_
+    bool part;
+    auto operator<=>(const Piece&) const = default;
   };
+
+  void check_same_spec(const ShardedTensor& saved, const ShardedTensor& expected) const {
+    const auto differ = [&](const auto&... what) {
+      return CheckpointError(dsp::detail::concat("checkpoint ", dir_.string(), " has a different model: tensor ",
+                                                 expected.name, what...));
+    };
+    if (saved.global_shape != expected.global_shape)
+      throw differ(" has shape ", shape_str(saved.global_shape), ", model expects ", shape_str(expected.global_shape));
+    if (saved != expected)
+      throw differ(" is split as ", nlohmann::json(saved).dump(), ", model expects ", nlohmann::json(expected).dump());
+  }
+
+  const ShardedTensor& find(std::string_view name) const {
+    const ShardedTensor* spec = manifest_.find(name);
+    if (!spec) throw CheckpointError(dsp::detail::concat(dir_.string(), ": no tensor ", name));
+    return *spec;
+  }
+
+  // Elements [begin, begin + out.size()) of the saved shard of TP rank tp_rank, from the pieces
+  // that overlap them.
+  void read_saved(std::string_view name, int tp_rank, std::int64_t begin, std::span<float> out) const {
+    const std::int64_t end = begin + static_cast<std::int64_t>(out.size());
+    for (const Piece& p : pieces_.find(name)->second) {
+      const std::int64_t from = std::max(begin, p.begin), to = std::min(end, p.end);
+      if (p.tp_rank != tp_rank || from >= to) continue;
+      files_[p.file].read_elements(name, from - p.begin, out.subspan(static_cast<std::size_t>(from - begin),
+                                                                     static_cast<std::size_t>(to - from)));
+    }
+  }
+
   std::filesystem::path dir_;
   Manifest manifest_;
   std::vector<SafetensorsFile> files_;
-  std::map<std::string, std::vector<Shard>, std::less<>> shards_;  // tensor -> its shards, by TP rank
+  std::map<std::string, std::vector<Piece>, std::less<>> pieces_;  // tensor -> its pieces, by TP rank and begin
 };
 
 /// A whole checkpoint in memory: the verified manifest and every tensor's global value.
@@ -106,39 +198,33 @@ inline GlobalCheckpoint load_global(const std::filesystem::path& dir) {
 }
 
 /// Fills every local tensor of `state` (rank tp_rank of tp_size, any TP the specs allow) with
-/// shard_of(spec, global tensor from `dir`, tp_size, tp_rank) and returns the verified manifest
-/// (iteration, extra, model_config for the trainer). Tensors of the checkpoint that the state
-/// lacks are ignored. All checks happen before any local tensor is written. Throws as
+/// shard_of(spec, global tensor from the checkpoint, tp_size, tp_rank) and returns the verified
+/// manifest (iteration, extra, model_config for the trainer). Tensors of the checkpoint that
+/// the state lacks are ignored. All checks happen before any local tensor is written. Throws as
 /// check_state when the state does not fit (tp_size, tp_rank); CheckpointError when the
-/// checkpoint is invalid (see CheckpointReader), lacks some of the state's tensors (all
-/// named), or was saved from a different model: "checkpoint <dir> has a different model:
-/// tensor X has shape A, model expects B" (or "is split as ..., model expects ...").
-inline Manifest load_into(const std::filesystem::path& dir, const State& state, int tp_size, int tp_rank) {
+/// checkpoint lacks some of the state's tensors (all named) or was saved from a different
+/// model (see CheckpointReader::matching_spec).
+inline Manifest load_into(const CheckpointReader& reader, const State& state, int tp_size, int tp_rank) {
   check_state(state, tp_size, tp_rank);
-  const CheckpointReader reader(dir);
   std::string missing;
   for (const ShardEntry& e : state) {
-    const ShardedTensor* saved = reader.manifest().find(e.spec.name);
-    if (!saved) {
+    if (!reader.manifest().find(e.spec.name))
       missing += (missing.empty() ? "" : ", ") + e.spec.name;
-      continue;
-    }
-    const auto differ = [&](const auto&... what) {
-      return CheckpointError(dsp::detail::concat("checkpoint ", dir.string(), " has a different model: tensor ",
-                                                 e.spec.name, what...));
-    };
-    if (saved->global_shape != e.spec.global_shape)
-      throw differ(" has shape ", shape_str(saved->global_shape), ", model expects ",
-                   shape_str(e.spec.global_shape));
-    if (*saved != e.spec)
-      throw differ(" is split as ", nlohmann::json(*saved).dump(), ", model expects ",
-                   nlohmann::json(e.spec).dump());
+    else
+      reader.matching_spec(e.spec);
   }
   if (!missing.empty())
-    throw CheckpointError(dsp::detail::concat("checkpoint ", dir.string(), " has no tensor(s) ", missing));
+    throw CheckpointError(dsp::detail::concat("checkpoint ", reader.dir().string(), " has no tensor(s) ", missing));
   for (const ShardEntry& e : state)
     *e.local = shard_of(e.spec, reader.global_tensor(e.spec.name), tp_size, tp_rank);
   return reader.manifest();
+}
+
+/// load_into from the checkpoint in `dir`; throws as load_into and, for an invalid checkpoint,
+/// as CheckpointReader (after check_state).
+inline Manifest load_into(const std::filesystem::path& dir, const State& state, int tp_size, int tp_rank) {
+  check_state(state, tp_size, tp_rank);
+  return load_into(CheckpointReader(dir), state, tp_size, tp_rank);
 }
 
 }  // namespace dsp::checkpoint

@@ -1,18 +1,27 @@
 #pragma once
 // Manifest: the file `manifest.json` at the root of a checkpoint directory. It makes the
 // checkpoint self-describing (every tensor's ShardedTensor spec, the layout it was saved at)
-// and verifiable (every file's size and CRC-32). Format, version 1:
+// and verifiable (every file's size and CRC-32). Format, version 2:
 //
-//   {"format": "dsp-checkpoint", "version": 1,
+//   {"format": "dsp-checkpoint", "version": 2,
 //    "iteration": 1000,
 //    "layout": {"tensor": 2, "pipeline": 1, "data": 4, "expert": 1},
 //    "model_config": {...},              // opaque, supplied by the caller (Hugging Face config)
 //    "tensors": [<ShardedTensor JSON>, ...],
 //    "files": {"model_tp00_pp000.safetensors":
-//                {"size": 123456, "crc32": "89abcdef", "tp_rank": 0, "pp_rank": 0}, ...},
+//                {"size": 123456, "crc32": "89abcdef", "tp_rank": 0, "pp_rank": 0},
+//              "optim_tp00_pp000_dp001.safetensors":
+//                {"size": 4567, "crc32": "01234567", "tp_rank": 0, "pp_rank": 0, "dp_rank": 1,
+//                 "ranges": {"optimizer.exp_avg.model.norm.weight": [16, 32], ...}}, ...},
 //    "extra": {...}}                     // opaque trainer state: LR position, RNG, data position
 //
 // "size" is in bytes; "crc32" is zlib's crc32 of the whole file as 8 lower-case hex digits.
+// A file either holds whole TP-local shards (a model file) or, with "dp_rank", is a partition
+// file: each tensor it holds is the elements [begin, end) of a TP-local shard, flattened
+// row-major, stored as a 1-D tensor of end - begin elements (ZeRO's partitioned optimizer
+// state). The partition files of one TP rank tile every such shard exactly: no gap, no
+// overlap. Version 1 (no partition files) is read too.
+#include <algorithm>
 #include <charconv>
 #include <cstdint>
 #include <cstdio>
@@ -23,6 +32,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -38,8 +48,11 @@ namespace dsp::checkpoint {
 inline constexpr std::string_view manifest_file_name = "manifest.json";
 /// Value of the manifest's "format" field.
 inline constexpr std::string_view manifest_format = "dsp-checkpoint";
-/// The manifest version this code writes and reads.
-inline constexpr int manifest_version = 1;
+/// The manifest version this code writes (it reads this one and version 1).
+inline constexpr int manifest_version = 2;
+
+/// Elements [first, second) of a TP-local shard, flattened row-major.
+using ElementRange = std::pair<std::int64_t, std::int64_t>;
 
 /// A file of the checkpoint: its size and checksum, and which ranks wrote it.
 struct FileRecord {
@@ -47,6 +60,11 @@ struct FileRecord {
   std::uint32_t crc32 = 0;  ///< zlib crc32 of the whole file
   int tp_rank = 0;
   int pp_rank = 0;
+  /// A partition file's data-parallel rank; -1 for a model file (whole TP-local shards).
+  int dp_rank = -1;
+  /// A partition file's tensors: name -> the range of its TP-local shard the file holds.
+  std::map<std::string, ElementRange> ranges;
+  bool partition() const { return dp_rank >= 0; }
   bool operator==(const FileRecord&) const = default;
 };
 
@@ -93,9 +111,14 @@ inline std::uint32_t parse_crc32_hex(std::string_view hex) {
   return crc;
 }
 
-/// FileRecord as {"size", "crc32" (crc32_hex), "tp_rank", "pp_rank"}.
+/// FileRecord as {"size", "crc32" (crc32_hex), "tp_rank", "pp_rank"}, and for a partition
+/// file "dp_rank" and "ranges" ({name: [begin, end]}).
 inline void to_json(nlohmann::json& j, const FileRecord& r) {
   j = {{"size", r.size}, {"crc32", crc32_hex(r.crc32)}, {"tp_rank", r.tp_rank}, {"pp_rank", r.pp_rank}};
+  if (r.partition()) {
+    j["dp_rank"] = r.dp_rank;
+    j["ranges"] = r.ranges;
+  }
 }
 /// Inverse of to_json(FileRecord); throws nlohmann::json exceptions or std::invalid_argument
 /// (crc32) on malformed input.
@@ -104,6 +127,8 @@ inline void from_json(const nlohmann::json& j, FileRecord& r) {
   r.crc32 = parse_crc32_hex(j.at("crc32").get<std::string>());
   r.tp_rank = j.at("tp_rank").get<int>();
   r.pp_rank = j.at("pp_rank").get<int>();
+  r.dp_rank = j.value("dp_rank", -1);
+  r.ranges = j.value("ranges", std::map<std::string, ElementRange>{});
 }
 
 /// The manifest JSON described at the top of this header.
@@ -132,6 +157,45 @@ inline void from_json(const nlohmann::json& j, Manifest& m) {
   m.files = j.at("files").get<std::map<std::string, FileRecord>>();
 }
 
+/// Checks that the partition files of `m` tile, for every TP rank, every tensor they hold:
+/// each such tensor is listed in m.tensors and in no model file, and its ranges from the files
+/// of one TP rank cover [0, numel of its local shard) without gap or overlap. Throws
+/// CheckpointError naming the tensor and TP rank (and the file, for a range outside the shard).
+inline void check_partitions(const Manifest& m) {
+  const int tp = m.meta.layout.tensor;
+  std::map<std::string, std::vector<std::vector<ElementRange>>> pieces;  // name -> by TP rank
+  for (const auto& [file, r] : m.files) {
+    if (!r.partition()) continue;
+    for (const auto& [name, range] : r.ranges) {
+      const ShardedTensor* spec = m.find(name);
+      DSP_CHECK_AS(CheckpointError, spec, file, " holds ", name, ", which the manifest does not list");
+      const std::int64_t n = numel(spec->local_shape(tp));
+      DSP_CHECK_AS(CheckpointError, 0 <= range.first && range.first < range.second && range.second <= n, file,
+                   " holds elements [", range.first, ", ", range.second, ") of ", name, ", whose TP shard has ", n);
+      auto& by_rank = pieces[name];
+      by_rank.resize(static_cast<std::size_t>(tp));
+      by_rank.at(static_cast<std::size_t>(r.tp_rank)).push_back(range);
+    }
+  }
+  for (auto& [name, by_rank] : pieces) {
+    const std::int64_t n = numel(m.find(name)->local_shape(tp));
+    for (int t = 0; t < tp; ++t) {
+      auto& ranges = by_rank[static_cast<std::size_t>(t)];
+      std::sort(ranges.begin(), ranges.end());
+      std::int64_t covered = 0;
+      for (const ElementRange& range : ranges) {
+        DSP_CHECK_AS(CheckpointError, range.first >= covered, "tensor ", name, " at TP rank ", t,
+                     ": partition files overlap at element ", range.first);
+        DSP_CHECK_AS(CheckpointError, range.first <= covered, "tensor ", name, " at TP rank ", t,
+                     ": no partition file holds elements [", covered, ", ", range.first, ")");
+        covered = range.second;
+      }
+      DSP_CHECK_AS(CheckpointError, covered == n, "tensor ", name, " at TP rank ", t,
+                   ": partition files cover its first ", covered, " of ", n, " elements");
+    }
+  }
+}
+
 /// Writes `dir`/manifest.json (2-space indented). Throws CheckpointError naming the file when
 /// it cannot be written.
 inline void write_manifest(const std::filesystem::path& dir, const Manifest& m) {
@@ -158,8 +222,9 @@ inline Manifest read_manifest(const std::filesystem::path& dir) {
                        version = j.value("version", nlohmann::json());
   if (format != nlohmann::json(manifest_format))
     throw fail("not a ", manifest_format, " manifest (format ", format.dump(), ")");
-  if (version != manifest_version)
-    throw fail("version ", version.dump(), " is not supported (this code reads version ", manifest_version, ")");
+  if (version != manifest_version && version != 1)
+    throw fail("version ", version.dump(), " is not supported (this code reads versions 1 and ", manifest_version,
+               ")");
   Manifest m;
   try {
     m = j.get<Manifest>();
@@ -174,6 +239,13 @@ inline Manifest read_manifest(const std::filesystem::path& dir) {
     if (record.tp_rank < 0 || record.tp_rank >= l.tensor || record.pp_rank < 0 || record.pp_rank >= l.pipeline)
       throw fail(name, " has TP rank ", record.tp_rank, " / PP rank ", record.pp_rank, ", outside layout ",
                  l.str());
+    if (record.dp_rank >= l.data) throw fail(name, " has DP rank ", record.dp_rank, ", outside layout ", l.str());
+    if (!record.partition() && !record.ranges.empty()) throw fail(name, " lists ranges but no DP rank");
+  }
+  try {
+    check_partitions(m);
+  } catch (const CheckpointError& e) {
+    throw fail(e.what());
   }
   return m;
 }

@@ -53,6 +53,10 @@ class SafetensorsFile {
   /// Every tensor, in data buffer order.
   const std::vector<SafetensorsEntry>& entries() const { return entries_; }
 
+  /// Whether the file holds a tensor called `name`.
+  bool contains(std::string_view name) const {
+    return std::any_of(entries_.begin(), entries_.end(), [&](const auto& e) { return e.name == name; });
+  }
   /// The entry called `name`. Throws CheckpointError naming the file and the tensor when absent.
   const SafetensorsEntry& entry(std::string_view name) const {
     const auto it = std::find_if(entries_.begin(), entries_.end(), [&](const auto& e) { return e.name == name; });
@@ -64,24 +68,34 @@ class SafetensorsFile {
   /// Reads tensor `name` as fp32 (BF16 widened exactly). Throws CheckpointError naming the file
   /// when the tensor is absent, has a dtype other than F32/BF16, or cannot be read.
   Tensor tensor(std::string_view name) const {
+    Tensor t(entry(name).shape);
+    read_elements(name, 0, t.span());
+    return t;
+  }
+
+  /// Reads elements [first, first + out.size()) of tensor `name`, flattened row-major, as fp32
+  /// (BF16 widened exactly). Throws CheckpointError naming the file when the tensor is absent,
+  /// has a dtype other than F32/BF16, the elements lie outside it, or they cannot be read.
+  void read_elements(std::string_view name, std::int64_t first, std::span<float> out) const {
     const SafetensorsEntry& e = entry(name);
-    Tensor t(e.shape);
-    const std::uint64_t at = data_start_ + e.begin;
+    const auto count = static_cast<std::int64_t>(out.size());
+    DSP_CHECK_AS(CheckpointError, first >= 0 && first + count <= numel(e.shape), path_.string(), ": tensor '", name,
+                 "' of shape ", shape_str(e.shape), " has no elements [", first, ", ", first + count, ")");
     switch (e.dtype) {
       case DType::F32:
-        read_at(path_, at, std::as_writable_bytes(t.span()));
+        read_at(path_, data_start_ + e.begin + static_cast<std::uint64_t>(first) * 4, std::as_writable_bytes(out));
         break;
       case DType::BF16: {
-        std::vector<std::uint16_t> bits(static_cast<std::size_t>(t.numel()));
-        read_at(path_, at, std::as_writable_bytes(std::span(bits)));
-        std::transform(bits.begin(), bits.end(), t.data(), bf16::to_float);
+        std::vector<std::uint16_t> bits(out.size());
+        read_at(path_, data_start_ + e.begin + static_cast<std::uint64_t>(first) * 2,
+                std::as_writable_bytes(std::span(bits)));
+        std::transform(bits.begin(), bits.end(), out.begin(), bf16::to_float);
         break;
       }
       default:
         throw CheckpointError(dsp::detail::concat(path_.string(), ": tensor '", name, "' has dtype ",
                                                   dtype_name(e.dtype), "; only F32 and BF16 are read"));
     }
-    return t;
   }
 
  private:
@@ -93,22 +107,29 @@ class SafetensorsFile {
   std::vector<SafetensorsEntry> entries_;
 };
 
-/// Writes `tensors` (name -> fp32 tensor, stored in this order as "F32") and `metadata` as a
-/// safetensors file at `path` (created or overwritten; not fsynced: see AtomicDir). Returns the
-/// file's size and CRC-32. Throws CheckpointError naming the file when a tensor pointer is null,
-/// a name repeats or is "__metadata__", or the file cannot be written.
-inline FileDigest write_safetensors(const std::filesystem::path& path,
-                                    const std::vector<std::pair<std::string, const Tensor*>>& tensors,
+/// One tensor to write: its name, shape and fp32 elements (numel(shape) of them, row-major).
+struct TensorRef {
+  std::string name;
+  Shape shape;
+  std::span<const float> data;
+};
+
+/// Writes `tensors` (stored in this order as "F32") and `metadata` as a safetensors file at
+/// `path` (created or overwritten; not fsynced: see AtomicDir). Returns the file's size and
+/// CRC-32. Throws CheckpointError naming the file when a tensor's data does not match its
+/// shape, a name repeats or is "__metadata__", or the file cannot be written.
+inline FileDigest write_safetensors(const std::filesystem::path& path, const std::vector<TensorRef>& tensors,
                                     const std::map<std::string, std::string>& metadata = {}) {
   nlohmann::json header = nlohmann::json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::uint64_t offset = 0;
-  for (const auto& [name, t] : tensors) {
-    DSP_CHECK_AS(CheckpointError, t != nullptr, path.string(), ": tensor '", name, "' has no data");
-    DSP_CHECK_AS(CheckpointError, name != "__metadata__" && !header.contains(name), path.string(),
-                 ": tensor name '", name, "' is repeated or reserved");
-    const std::uint64_t bytes = static_cast<std::uint64_t>(t->numel()) * sizeof(float);
-    header[name] = {{"dtype", "F32"}, {"shape", t->shape()}, {"data_offsets", {offset, offset + bytes}}};
+  for (const TensorRef& t : tensors) {
+    DSP_CHECK_AS(CheckpointError, static_cast<std::int64_t>(t.data.size()) == numel(t.shape), path.string(),
+                 ": tensor '", t.name, "' has ", t.data.size(), " elements for shape ", shape_str(t.shape));
+    DSP_CHECK_AS(CheckpointError, t.name != "__metadata__" && !header.contains(t.name), path.string(),
+                 ": tensor name '", t.name, "' is repeated or reserved");
+    const std::uint64_t bytes = t.data.size() * sizeof(float);
+    header[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   std::string text = header.dump();
@@ -119,8 +140,21 @@ inline FileDigest write_safetensors(const std::filesystem::path& path,
   FileWriter out(path);
   out.write(length);
   out.write(std::as_bytes(std::span(text)));
-  for (const auto& entry : tensors) out.write(std::as_bytes(entry.second->span()));
+  for (const TensorRef& t : tensors) out.write(std::as_bytes(t.data));
   return out.close();
+}
+
+/// write_safetensors of whole tensors (name -> fp32 tensor). Throws CheckpointError naming the
+/// file when a tensor pointer is null, otherwise as above.
+inline FileDigest write_safetensors(const std::filesystem::path& path,
+                                    const std::vector<std::pair<std::string, const Tensor*>>& tensors,
+                                    const std::map<std::string, std::string>& metadata = {}) {
+  std::vector<TensorRef> refs;
+  for (const auto& [name, t] : tensors) {
+    DSP_CHECK_AS(CheckpointError, t != nullptr, path.string(), ": tensor '", name, "' has no data");
+    refs.push_back({name, t->shape(), t->span()});
+  }
+  return write_safetensors(path, refs, metadata);
 }
 
 /// Reads and validates the header of the safetensors file at `path`. Throws CheckpointError

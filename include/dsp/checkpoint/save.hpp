@@ -1,7 +1,10 @@
 #pragma once
 // Saving a sharded checkpoint. A checkpoint directory holds one safetensors file per
 // (TP rank, PP stage), `model_tp{tp:02}_pp{pp:03}.safetensors`, with that rank's local shards
-// under their global spec names (shapes spec.local_shape(TP)), plus manifest.json.
+// under their global spec names (shapes spec.local_shape(TP)), plus manifest.json. It may also
+// hold partition files, `optim_tp{tp:02}_pp{pp:03}_dp{dp:03}.safetensors`, each written by one
+// data-parallel rank with the elements of TP-local shards it owns (ZeRO's partitioned
+// optimizer state; see manifest.hpp), so that no rank has to gather a whole tensor to save it.
 //
 // Saving is two-phase so that ranks (threads or processes) write in parallel:
 //
@@ -9,6 +12,7 @@
 //   if (rank == 0) staging.emplace(dir);                    // creates <dir>.tmp-<random>
 //   broadcast staging->tmp_path() to the other ranks;
 //   if (dp_rank == 0) write_shard_file(tmp, state, tp_size, tp_rank, pp_rank);   // phase 1
+//   write_partition_file(tmp, partition, tp_size, tp_rank, pp_rank, dp_rank);     // optional
 //   barrier;
 //   if (rank == 0) write_manifest_and_commit(*staging, meta);                    // phase 2
 //
@@ -17,6 +21,8 @@
 // communication beyond the barrier and the directory name. Only one data-parallel replica
 // writes (every replica holds the same shards). If any rank throws, the committing rank's
 // AtomicDir removes the temporary directory and the previous checkpoint stays in place.
+#include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
@@ -46,7 +52,14 @@ inline std::string shard_file_name(int tp_rank, int pp_rank) {
   return name;
 }
 
-/// What phase 1 wrote: one shard file, its record for the manifest, the TP size it was split
+/// "optim_tp{tp_rank:02}_pp{pp_rank:03}_dp{dp_rank:03}.safetensors".
+inline std::string partition_file_name(int tp_rank, int pp_rank, int dp_rank) {
+  char name[64];
+  std::snprintf(name, sizeof name, "optim_tp%02d_pp%03d_dp%03d.safetensors", tp_rank, pp_rank, dp_rank);
+  return name;
+}
+
+/// What phase 1 wrote: one shard or partition file, its record for the manifest, the TP size it was split
 /// for and the specs of the tensors it holds (in state order).
 struct ShardFileInfo {
   std::string file;  ///< name inside the checkpoint directory
@@ -72,6 +85,17 @@ inline void from_json(const nlohmann::json& j, ShardFileInfo& s) {
 namespace detail {
 // Suffix of the phase-1 record written next to each shard file.
 inline constexpr std::string_view shard_info_suffix = ".info.json";
+
+// Completes the record of a file just written and writes it as `<file>.info.json`.
+inline ShardFileInfo record_written(const std::filesystem::path& tmp_dir, ShardFileInfo info, const FileDigest& digest,
+                                    int tp_rank, int pp_rank) {
+  info.record.size = digest.size;
+  info.record.crc32 = digest.crc32;
+  info.record.tp_rank = tp_rank;
+  info.record.pp_rank = pp_rank;
+  write_text(tmp_dir / (info.file + std::string(shard_info_suffix)), nlohmann::json(info).dump());
+  return info;
+}
 }  // namespace detail
 
 /// Phase 1, on each (TP rank, PP stage) of one data-parallel replica: writes the local shards of
@@ -93,16 +117,47 @@ inline ShardFileInfo write_shard_file(const std::filesystem::path& tmp_dir, cons
                                               {{"tp_rank", std::to_string(tp_rank)},
                                                {"tp_size", std::to_string(tp_size)},
                                                {"pp_rank", std::to_string(pp_rank)}});
-  info.record = {digest.size, digest.crc32, tp_rank, pp_rank};
-  write_text(tmp_dir / (info.file + std::string(detail::shard_info_suffix)), nlohmann::json(info).dump());
-  return info;
+  return detail::record_written(tmp_dir, std::move(info), digest, tp_rank, pp_rank);
+}
+
+/// Phase 1, optional, on any rank: writes `partition` to `tmp_dir`/partition_file_name(tp_rank,
+/// pp_rank, dp_rank), each entry as a 1-D fp32 tensor under its spec's name, and its
+/// `.info.json` record (the ranges each entry holds); returns the record. Throws ConfigError
+/// when a rank is negative or tp_rank >= tp_size, Error naming the tensor when an entry is
+/// empty, repeats a name or lies outside spec.local_shape(tp_size), CheckpointError naming the
+/// file when writing fails.
+inline ShardFileInfo write_partition_file(const std::filesystem::path& tmp_dir, const Partition& partition,
+                                          int tp_size, int tp_rank, int pp_rank, int dp_rank) {
+  DSP_CHECK_AS(ConfigError, tp_size >= 1 && tp_rank >= 0 && tp_rank < tp_size && pp_rank >= 0 && dp_rank >= 0,
+               "partition file of TP rank ", tp_rank, " of ", tp_size, ", PP rank ", pp_rank, ", DP rank ", dp_rank);
+  ShardFileInfo info{partition_file_name(tp_rank, pp_rank, dp_rank), {}, tp_size, {}};
+  info.record.dp_rank = dp_rank;
+  std::vector<TensorRef> tensors;
+  for (const PartitionEntry& e : partition) {
+    const auto n = static_cast<std::int64_t>(e.values.size());
+    const std::int64_t local = numel(e.spec.local_shape(tp_size));
+    DSP_CHECK(n > 0 && e.begin >= 0 && e.begin + n <= local, "partition: elements [", e.begin, ", ", e.begin + n,
+              ") of ", e.spec.name, ", whose shard at TP ", tp_size, " has ", local);
+    DSP_CHECK(info.record.ranges.emplace(e.spec.name, ElementRange{e.begin, e.begin + n}).second, "partition: ",
+              e.spec.name, " appears twice");
+    tensors.push_back({e.spec.name, {n}, e.values});
+    info.tensors.push_back(e.spec);
+  }
+  const FileDigest digest = write_safetensors(tmp_dir / info.file, tensors,
+                                              {{"tp_rank", std::to_string(tp_rank)},
+                                               {"tp_size", std::to_string(tp_size)},
+                                               {"pp_rank", std::to_string(pp_rank)},
+                                               {"dp_rank", std::to_string(dp_rank)}});
+  return detail::record_written(tmp_dir, std::move(info), digest, tp_rank, pp_rank);
 }
 
 /// Phase 2, on one rank after every rank finished phase 1: reads the `.info.json` records in
 /// staging.tmp_path(), checks there is exactly one shard file per (TP rank, PP stage) of
 /// meta.layout, all written for TP = meta.layout.tensor, that the TP ranks of a stage hold the
-/// same tensors and no tensor is in two stages; removes the records, writes manifest.json
-/// (tensors in stage order, then state order) and commits the directory. Throws CheckpointError
+/// same tensors and no tensor is in two stages; that partition files hold no tensor of a shard
+/// file, give every tensor they share the same spec, and tile each (check_partitions); removes
+/// the records, writes manifest.json (tensors in stage order, then state order, then the
+/// partition files' tensors) and commits the directory. Throws CheckpointError
 /// naming the directory or record when a check fails, ConfigError when a size of meta.layout
 /// is < 1 (the AtomicDir then removes the temporary directory when destroyed).
 inline void write_manifest_and_commit(AtomicDir& staging, const CheckpointMeta& meta) {
@@ -115,6 +170,7 @@ inline void write_manifest_and_commit(AtomicDir& staging, const CheckpointMeta& 
                "checkpoint layout ", l.str(), " must have every size >= 1 (resolve it for the world size first)");
   const int tp = l.tensor, pp = l.pipeline;
   std::map<std::pair<int, int>, ShardFileInfo> by_rank;  // (pp_rank, tp_rank) -> record
+  std::map<std::string, ShardFileInfo> partitions;       // partition file name -> record
   std::vector<std::filesystem::path> records;
   std::error_code ec;
   for (std::filesystem::directory_iterator it(tmp, ec), end; !ec && it != end; it.increment(ec)) {
@@ -128,10 +184,15 @@ inline void write_manifest_and_commit(AtomicDir& staging, const CheckpointMeta& 
       throw fail(name, ": malformed shard record: ", e.what());
     }
     const FileRecord& r = info.record;
-    if (info.tp_size != tp || r.tp_rank < 0 || r.tp_rank >= tp || r.pp_rank < 0 || r.pp_rank >= pp)
+    if (info.tp_size != tp || r.tp_rank < 0 || r.tp_rank >= tp || r.pp_rank < 0 || r.pp_rank >= pp ||
+        r.dp_rank >= l.data)
       throw fail(info.file, " was written as TP rank ", r.tp_rank, " of ", info.tp_size, ", PP rank ", r.pp_rank,
+                 r.partition() ? dsp::detail::concat(", DP rank ", r.dp_rank) : std::string(),
                  ", outside the checkpoint layout ", meta.layout.str());
-    by_rank[{r.pp_rank, r.tp_rank}] = std::move(info);
+    if (r.partition())
+      partitions[info.file] = std::move(info);
+    else
+      by_rank[{r.pp_rank, r.tp_rank}] = std::move(info);
     records.push_back(it->path());
   }
   if (ec) throw fail("cannot list: ", ec.message());
@@ -154,6 +215,22 @@ inline void write_manifest_and_commit(AtomicDir& staging, const CheckpointMeta& 
       }
       m.files[info.file] = info.record;
     }
+  }
+  const std::size_t whole = m.tensors.size();  // tensors of the shard files come first
+  for (const auto& [file, info] : partitions) {
+    for (const ShardedTensor& spec : info.tensors) {
+      const auto* known = m.find(spec.name);
+      if (known && known - m.tensors.data() < static_cast<std::ptrdiff_t>(whole))
+        throw fail(file, " holds part of ", spec.name, ", which a shard file holds whole");
+      if (known && *known != spec) throw fail(file, " gives ", spec.name, " another spec than an earlier partition file");
+      if (!known) m.tensors.push_back(spec);
+    }
+    m.files[file] = info.record;
+  }
+  try {
+    check_partitions(m);
+  } catch (const CheckpointError& e) {
+    throw fail(e.what());
   }
   for (const auto& record : records)
     if (!std::filesystem::remove(record, ec))

@@ -4,7 +4,9 @@
 //
 // Optimizer moments are further entries whose spec is the parameter's spec with the name
 // prefixed, e.g. "optimizer.exp_avg." + parameter name: they share the parameter's split.
+#include <cstdint>
 #include <set>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -29,6 +31,18 @@ struct ShardEntry {
 
 /// Every tensor one rank saves or loads.
 using State = std::vector<ShardEntry>;
+
+/// Part of one tensor of a state: elements [begin, begin + values.size()) of this TP rank's
+/// local shard (of shape spec.local_shape(TP)), flattened row-major; ZeRO's owned slice of an
+/// optimizer moment. The values are owned by the caller.
+struct PartitionEntry {
+  ShardedTensor spec;
+  std::int64_t begin = 0;
+  std::span<const float> values;
+};
+
+/// The parts of tensors one data-parallel rank saves.
+using Partition = std::vector<PartitionEntry>;
 
 /// Checks a state before saving or loading it as rank tp_rank of tp_size. Throws ConfigError
 /// when tp_rank is outside [0, tp_size) or a spec cannot be split tp_size ways (see

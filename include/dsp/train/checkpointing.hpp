@@ -1,15 +1,21 @@
 #pragma once
 // Saving and resuming training: parameters, AdamW moments and step (hence the LR position)
 // and the data position, so a resumed run continues with exactly the losses of an
-// uninterrupted one. Parameters and moments are saved as TP shards by data-parallel replica
-// 0, one file per (TP rank, pipeline rank) holding that rank's layers under their global
-// names; loading reads them at any TP and PP size (the manifest holds every split, and each
-// rank reads the global tensors of the layers it holds). Routed experts split over an
-// expert-parallel group are sent to its first rank (DP rank 0) before writing, so the files
-// hold every expert and load at any expert-parallel size. With ZeRO (stages 1-3) the moments
-// (and at stage 3 the parameters) are partitioned over data parallelism: every DP rank first
-// all-gathers them into whole tensors, so the files are the same at every ZeRO stage and DP
-// size and a checkpoint loads at any of them; the padding of the partitions is never saved.
+// uninterrupted one.
+// - Parameters (with mixed precision the fp32 master weights) are saved as TP shards by
+//   data-parallel replica 0, one model file per (TP rank, pipeline rank) holding that rank's
+//   layers under their global names: what serving, merging and resharding read. Routed experts
+//   split over an expert-parallel group are sent to its first rank (DP rank 0) before writing,
+//   so the model files hold every expert. At ZeRO 3 the parameters are all-gathered first.
+// - The AdamW moments ("optimizer.exp_avg.<name>", "optimizer.exp_avg_sq.<name>", split like
+//   the parameter) are saved per partition: every rank writes the slices it owns to its own
+//   partition file (checkpoint/save.hpp), from ZeRO 1 each DP rank its 1/DP of every
+//   parameter, at ZeRO 0 the first rank holding each parameter the whole of it. No rank gathers
+//   a moment, and partition padding is never saved.
+// Loading works at any TP, PP, DP and expert-parallel size and ZeRO stage: the manifest holds
+// every split and which elements each file holds; each rank reads the parameters of the layers
+// it holds and exactly the moment elements it owns (at another TP size, from the assembled
+// global tensor).
 #include <deque>
 #include <filesystem>
 #include <optional>
@@ -23,45 +29,56 @@
 namespace dsp::train {
 
 namespace detail {
-// While it lives, the optimizer's partitioned state is whole (ZeroOptimizer::
-// gather_for_checkpoint); at its end, also when an exception unwinds, partitioned again,
-// taking the whole tensors' values when `loaded`.
+// While it lives, every parameter's fp32 values are whole (ZeroOptimizer::gather_for_checkpoint);
+// at its end, also when an exception unwinds, partitioned again, taking the whole values when
+// `loaded`.
 template <class Optimizer>
-struct WholeOptimizerState {
-  explicit WholeOptimizerState(Optimizer& o) : optimizer(o) { optimizer.gather_for_checkpoint(); }
-  ~WholeOptimizerState() { optimizer.partition_after_checkpoint(loaded); }
-  WholeOptimizerState(const WholeOptimizerState&) = delete;
-  WholeOptimizerState& operator=(const WholeOptimizerState&) = delete;
+struct WholeParameters {
+  explicit WholeParameters(Optimizer& o) : optimizer(o) { optimizer.gather_for_checkpoint(); }
+  ~WholeParameters() { optimizer.partition_after_checkpoint(loaded); }
+  WholeParameters(const WholeParameters&) = delete;
+  WholeParameters& operator=(const WholeParameters&) = delete;
   Optimizer& optimizer;
   bool loaded = false;
 };
+
+// Calls f(spec, moment) for both AdamW moments of optimizer parameter i: the spec is the
+// parameter's renamed "optimizer.exp_avg.<name>" / "optimizer.exp_avg_sq.<name>", the moment
+// its owned part (ZeroOptimizer::exp_avg).
+template <class Optimizer, class F>
+void for_each_moment(Optimizer& opt, std::size_t i, F&& f) {
+  for (auto [prefix, moment] : {std::pair{"exp_avg.", &opt.exp_avg(i)}, std::pair{"exp_avg_sq.", &opt.exp_avg_sq(i)}}) {
+    ShardedTensor spec = opt.parameters()[i]->spec;
+    spec.name = std::string(checkpoint::optimizer_prefix) + prefix + spec.name;
+    f(spec, *moment);
+  }
+}
 }  // namespace detail
 
-/// Parameters and both AdamW moments ("optimizer.exp_avg.<name>", "optimizer.exp_avg_sq.<name>",
-/// split like the parameter) of this rank, all its pipeline chunks; for saving without tied
-/// copies (their owner saves them), for loading with them.
+/// The moment elements this rank saves, with their place in the TP-local shard: from ZeRO 1
+/// the owned slice of every parameter (its valid elements: no padding); at ZeRO 0 the whole
+/// moments of the parameters whose partition group (data-parallel, or expert-data-parallel for
+/// a routed expert) this rank is rank 0 of. Tied copies are left out (their owner saves them).
+/// The values are the optimizer's.
 template <class Policy>
-checkpoint::State training_state(Trainer<Policy>& t, checkpoint::StateUse use) {
-  checkpoint::State s = checkpoint::parameter_state(t.state_parameters(), use);
+checkpoint::Partition optimizer_partition(Trainer<Policy>& t) {
   auto& opt = t.optimizer();
+  checkpoint::Partition out;
   for (std::size_t i = 0; i < opt.parameters().size(); ++i) {
-    const model::Parameter& p = *opt.parameters()[i];
-    if (use == checkpoint::StateUse::Save && p.tied_copy) continue;
-    for (auto [prefix, moment] : {std::pair{"exp_avg.", &opt.exp_avg(i)}, std::pair{"exp_avg_sq.", &opt.exp_avg_sq(i)}}) {
-      ShardedTensor m = p.spec;
-      m.name = std::string(checkpoint::optimizer_prefix) + prefix + p.spec.name;
-      s.push_back({std::move(m), moment});
-    }
+    const zero::ShardRange r = opt.range(i);
+    if (opt.parameters()[i]->tied_copy || r.valid() == 0 || (opt.stage() == 0 && opt.group(i).rank() != 0)) continue;
+    detail::for_each_moment(opt, i, [&](const ShardedTensor& spec, const Tensor& m) {
+      out.push_back({spec, r.begin, std::span<const float>(m.data(), static_cast<std::size_t>(r.valid()))});
+    });
   }
-  return s;
+  return out;
 }
 
-/// `state` with every routed-expert entry (a name holding ".mlp.experts.{e}.", its moments too)
-/// replaced, on rank 0 of the expert-parallel group `ep`, by the same entry of every rank of
-/// the group (received one tensor at a time, renamed to their global expert index; rank q
-/// holds experts [q n, (q + 1) n) for n = num_local_experts), kept in `storage`; the other
-/// ranks send theirs and get the state without experts (they write nothing). Collective
-/// over `ep`.
+/// `state` with every routed-expert entry (a name holding ".mlp.experts.{e}.") replaced, on
+/// rank 0 of the expert-parallel group `ep`, by the same entry of every rank of the group
+/// (received one tensor at a time, renamed to their global expert index; rank q holds experts
+/// [q n, (q + 1) n) for n = num_local_experts), kept in `storage`; the other ranks send theirs
+/// and get the state without experts. Collective over `ep`.
 template <comm::Communicator Comm>
 checkpoint::State with_all_experts(const checkpoint::State& state, Comm& ep, std::int64_t num_local_experts,
                                    std::deque<Tensor>& storage) {
@@ -91,63 +108,85 @@ checkpoint::State with_all_experts(const checkpoint::State& state, Comm& ep, std
 
 /// Writes the training state to `dir` atomically (an existing checkpoint there is replaced
 /// only once the new one is complete). Collective over the whole mesh: the ranks of DP
-/// replica 0 write their shard files in parallel, global rank 0 writes the manifest and
-/// commits (with expert parallelism the expert group of replica 0 first gathers the experts).
-/// Throws CheckpointError naming the file when writing fails.
+/// replica 0 write the model files and every rank its partition file of moments
+/// (optimizer_partition), in parallel; global rank 0 then writes the manifest (which records
+/// the ZeRO stage in "extra") and commits. Throws CheckpointError naming the file when writing
+/// fails.
 template <class Policy>
 void save_checkpoint(const std::filesystem::path& dir, Trainer<Policy>& t) {
   auto& mesh = t.mesh();
-  detail::WholeOptimizerState whole(t.optimizer());
+  detail::WholeParameters whole(t.optimizer());
   std::deque<Tensor> gathered;
-  checkpoint::State state;
+  checkpoint::State weights;
   if (mesh.dp_rank() < mesh.ep_size()) {  // the expert group of DP replica 0
     const std::int64_t local_experts = t.model_config().num_experts / mesh.ep_size();
-    state = with_all_experts(training_state(t, checkpoint::StateUse::Save), mesh.expert_group(), local_experts, gathered);
+    weights = with_all_experts(checkpoint::parameter_state(t.state_parameters(), checkpoint::StateUse::Save),
+                               mesh.expert_group(), local_experts, gathered);
   }
-  if (mesh.dp_rank() == 0) {
-    auto& mp = mesh.model_group();  // the TP x PP ranks of replica 0; its rank 0 is global rank 0
-    std::optional<checkpoint::AtomicDir> staging;
-    std::string tmp;
-    if (mp.rank() == 0) {
-      staging.emplace(dir);
-      tmp = staging->tmp_path().string();
-    }
+  auto& mp = mesh.model_group();  // the TP x PP ranks of one replica; replica 0's rank 0 is global rank 0
+  auto& dp = mesh.data_group();   // its rank 0 is in replica 0
+  std::optional<checkpoint::AtomicDir> staging;
+  std::string tmp;
+  if (mesh.global_rank() == 0) {
+    staging.emplace(dir);
+    tmp = staging->tmp_path().string();
+  }
+  const auto broadcast = [&](auto& group) {
     std::vector<std::int64_t> len{static_cast<std::int64_t>(tmp.size())};
-    mp.broadcast(std::span(len), 0);
+    group.broadcast(std::span(len), 0);
     tmp.resize(static_cast<std::size_t>(len[0]));
-    mp.broadcast(std::span(tmp.data(), tmp.size()), 0);
-    checkpoint::write_shard_file(tmp, state, mesh.tp_size(), mesh.tp_rank(), mesh.pp_rank());
+    group.broadcast(std::span(tmp.data(), tmp.size()), 0);
+  };
+  if (mesh.dp_rank() == 0) broadcast(mp);
+  broadcast(dp);
+  if (mesh.dp_rank() == 0) checkpoint::write_shard_file(tmp, weights, mesh.tp_size(), mesh.tp_rank(), mesh.pp_rank());
+  if (const checkpoint::Partition moments = optimizer_partition(t); !moments.empty())
+    checkpoint::write_partition_file(tmp, moments, mesh.tp_size(), mesh.tp_rank(), mesh.pp_rank(), mesh.dp_rank());
+  dp.barrier();  // every replica's files of this (TP, PP) rank are written
+  if (mesh.dp_rank() == 0) {
     mp.barrier();
-    if (mp.rank() == 0) {
+    if (mesh.global_rank() == 0) {
       checkpoint::CheckpointMeta meta;
       meta.model_config = t.model_config().to_hf_json();
       meta.layout = mesh.layout();
       meta.iteration = t.iteration();
-      meta.extra = {{"sampler", t.sampler().state()}, {"seed", t.config().seed}};
+      meta.extra = {{"sampler", t.sampler().state()}, {"seed", t.config().seed}, {"zero_stage", t.optimizer().stage()}};
       if (auto* scaler = t.loss_scaler()) meta.extra["loss_scaler"] = scaler->state();
       checkpoint::write_manifest_and_commit(*staging, meta);
     }
     mp.barrier();
   }
-  mesh.data_group().barrier();  // nobody reads `dir` before it is complete
+  dp.barrier();  // nobody reads `dir` before it is complete
 }
 
-/// Resumes from `dir` (saved at any TP, PP, DP size and ZeRO stage): parameters, moments,
-/// optimizer step, data position and the loss scaler's state (when both runs scale the loss).
-/// Throws CheckpointError for a missing, truncated or corrupted checkpoint or one of another
-/// model config or seed.
+/// Resumes from `dir` (saved at any TP, PP, DP and expert-parallel size and ZeRO stage):
+/// parameters, moments (each rank reads the elements it owns), optimizer step, data position
+/// and the loss scaler's state (when both runs scale the loss). Throws CheckpointError for a
+/// missing, truncated or corrupted checkpoint or one of another model config or seed.
 template <class Policy>
 void load_checkpoint(const std::filesystem::path& dir, Trainer<Policy>& t) {
-  const checkpoint::Manifest m = checkpoint::read_manifest(dir);  // load_into verifies every file
+  const checkpoint::Manifest m = checkpoint::read_manifest(dir);  // the reader verifies every file
   checkpoint::check_model_config(dir, m, t.model_config());
   DSP_CHECK_AS(CheckpointError, m.meta.extra.contains("sampler") && m.meta.extra.value("seed", std::uint64_t{0}) == t.config().seed,
                "checkpoint ", dir.string(), " holds no training state for seed ", t.config().seed);
+  const checkpoint::CheckpointReader reader(dir);
+  auto& opt = t.optimizer();
+  const int tp = t.mesh().tp_size(), tp_rank = t.mesh().tp_rank();
+  for (std::size_t i = 0; i < opt.parameters().size(); ++i)  // every check before anything is written
+    detail::for_each_moment(opt, i, [&](const ShardedTensor& spec, Tensor&) { reader.matching_spec(spec); });
   {
-    detail::WholeOptimizerState whole(t.optimizer());
-    checkpoint::load_into(dir, training_state(t, checkpoint::StateUse::Load), t.mesh().tp_size(), t.mesh().tp_rank());
+    detail::WholeParameters whole(opt);
+    checkpoint::load_into(reader, checkpoint::parameter_state(t.state_parameters(), checkpoint::StateUse::Load), tp,
+                          tp_rank);
     whole.loaded = true;
   }
-  t.optimizer().set_steps(m.meta.iteration);
+  for (std::size_t i = 0; i < opt.parameters().size(); ++i) {
+    const zero::ShardRange r = opt.range(i);
+    detail::for_each_moment(opt, i, [&](const ShardedTensor& spec, Tensor& moment) {
+      reader.read_local(spec.name, tp, tp_rank, r.begin, std::span(moment.data(), static_cast<std::size_t>(r.valid())));
+    });
+  }
+  opt.set_steps(m.meta.iteration);
   t.sampler().set_state(m.meta.extra.at("sampler").get<dp::DataSampler::State>());
   if (auto* scaler = t.loss_scaler(); scaler && m.meta.extra.contains("loss_scaler"))
     scaler->set_state(m.meta.extra.at("loss_scaler").get<precision::DynamicLossScaler::State>());

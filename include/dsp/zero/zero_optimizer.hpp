@@ -269,10 +269,9 @@ class ZeroOptimizer {
     }
   }
 
-  /// For a checkpoint: makes every parameter whole (stage 3; with mixed precision its fp32 values
-  /// are the master weights, gathered) and builds each parameter's whole moments (stage >= 1;
-  /// exp_avg(i) then returns them). Collective over the groups. Undo with
-  /// partition_after_checkpoint.
+  /// For a checkpoint: makes every parameter's fp32 values whole (stage 3: all-gathered; with
+  /// mixed precision they are the master weights, gathered from stage 1). The moments stay
+  /// partitioned (exp_avg). Collective over the groups. Undo with partition_after_checkpoint.
   void gather_for_checkpoint() {
     drop_prefetch();
     if constexpr (mixed)
@@ -281,29 +280,19 @@ class ZeroOptimizer {
         s.p->value = Tensor(s.shape, memory::Category::Parameters);
         std::copy_n(master.data(), s.p->value.numel(), s.p->value.data());
       }
-    if (stage_ == 0) return;
-    if (stage_ == 3 && !mixed) acquire(parameters(), nullptr, false);
-    for (auto& s : slots_) {
-      s.full_exp_avg = whole(s, s.exp_avg);
-      s.full_exp_avg_sq = whole(s, s.exp_avg_sq);
-    }
+    else if (stage_ == 3)
+      acquire(parameters(), nullptr, false);
   }
-  /// After gather_for_checkpoint: when `loaded`, takes this rank's slices of the (now loaded)
-  /// whole parameters and moments; then frees what gather_for_checkpoint made whole.
+  /// After gather_for_checkpoint: when `loaded`, takes this rank's slices (or its stored copy)
+  /// of the (now loaded) whole parameters; then frees what gather_for_checkpoint made whole.
   void partition_after_checkpoint(bool loaded) {
     for (auto& s : slots_) {
-      if (loaded && stage_ > 0) {
-        std::copy_n(s.full_exp_avg.data() + s.range.begin, s.range.valid(), s.exp_avg.data());
-        std::copy_n(s.full_exp_avg_sq.data() + s.range.begin, s.range.valid(), s.exp_avg_sq.data());
-      }
       if (loaded && mixed) std::copy_n(s.p->value.data() + s.range.begin, s.range.valid(), s.master.data());
       if (loaded && transient_values()) {
         const bool slice = stage_ == 3;
         narrow(s.p->value.data() + (slice ? s.range.begin : 0), slice ? s.range.valid() : s.p->value.numel(),
                s.stored.data());
       }
-      s.full_exp_avg = Tensor{};
-      s.full_exp_avg_sq = Tensor{};
       if (mixed) s.p->value = Tensor{};
     }
     if (stage_ == 3 && !mixed) release(parameters());
@@ -318,12 +307,16 @@ class ZeroOptimizer {
     for (const auto& s : slots_) out.push_back(s.p);
     return out;
   }
-  /// First and second moments of parameter i, of its whole local shape: at stage 0 always,
-  /// from stage 1 between gather_for_checkpoint and partition_after_checkpoint.
-  Tensor& exp_avg(std::size_t i) { return stage_ == 0 ? slots_.at(i).exp_avg : slots_.at(i).full_exp_avg; }
-  Tensor& exp_avg_sq(std::size_t i) { return stage_ == 0 ? slots_.at(i).exp_avg_sq : slots_.at(i).full_exp_avg_sq; }
+  /// First and second moments of the part of parameter i this rank owns: of its whole local
+  /// shape at stage 0; from stage 1 [range(i).size], the slice's range(i).valid() elements
+  /// first, then zero padding.
+  Tensor& exp_avg(std::size_t i) { return slots_.at(i).exp_avg; }
+  Tensor& exp_avg_sq(std::size_t i) { return slots_.at(i).exp_avg_sq; }
   /// The slice of parameter i this rank owns (the whole parameter at stage 0).
   ShardRange range(std::size_t i) const { return slots_.at(i).range; }
+  /// The group parameter i's state is partitioned over (from stage 1) and its gradient reduced
+  /// over: the data-parallel group, the expert-data-parallel group for a routed expert.
+  Comm& group(std::size_t i) { return slots_.at(i).buckets->group(); }
 
  private:
   template <class E>
@@ -339,7 +332,6 @@ class ZeroOptimizer {
     Buffer<T> stored;                // stage 3: the owned slice; mixed precision: the whole shard below stage 3
     std::vector<float> weights;      // ownership weights of the whole local shard (empty: all owned)
     int refs = 0;                    // stage 3: acquired parts reading the parameter
-    Tensor full_exp_avg, full_exp_avg_sq;  // whole moments while a checkpoint is written or read
   };
 
   // A background all-gather of one parameter's slices (stage 3).
