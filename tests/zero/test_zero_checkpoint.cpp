@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 
 #include <filesystem>
+#include <initializer_list>
 #include <map>
 #include <mutex>
 #include <string>
@@ -77,6 +78,19 @@ test::Params load(const model::ModelConfig& config, const Layout& l, const std::
   return out;
 }
 
+// Loads `dir` at each layout and checks the state equals `saved` bitwise.
+void check_loads_exactly(const model::ModelConfig& config, const std::filesystem::path& dir,
+                         const test::Params& saved, std::initializer_list<Layout> layouts) {
+  for (const Layout& l : layouts) {
+    CAPTURE(l.tp);
+    CAPTURE(l.pp);
+    CAPTURE(l.dp);
+    CAPTURE(l.ep);
+    CAPTURE(l.zero);
+    CHECK(test::relative_error(load(config, l, dir), saved) == 0.0);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("ZeRO 2 at TP 2 x DP 4: each rank saves its own moment slices, unpadded, without gathering them") {
@@ -126,16 +140,11 @@ TEST_CASE("a ZeRO 2 checkpoint of TP 2 x DP 2 loads exactly at other DP, TP and 
   const auto config = test::small_model();
   const auto dir = temp_dir("relayout");
   const test::Params saved = train_and_save(config, Layout{.tp = 2, .dp = 2, .zero = 2}, 3, dir);
-  for (const Layout& l : {Layout{.tp = 2, .dp = 4, .zero = 1},   // same TP: each rank reads its own range
-                          Layout{.tp = 2, .dp = 1, .zero = 0},   // the whole moments
-                          Layout{.tp = 1, .dp = 4, .zero = 3},   // another TP: assembled, then cut
-                          Layout{.tp = 1, .pp = 2, .dp = 2, .zero = 2}}) {
-    CAPTURE(l.tp);
-    CAPTURE(l.pp);
-    CAPTURE(l.dp);
-    CAPTURE(l.zero);
-    CHECK(test::relative_error(load(config, l, dir), saved) == 0.0);
-  }
+  check_loads_exactly(config, dir, saved,
+                      {Layout{.tp = 2, .dp = 4, .zero = 1},  // same TP: each rank reads its own range
+                       Layout{.tp = 2, .dp = 1, .zero = 0},  // the whole moments
+                       Layout{.tp = 1, .dp = 4, .zero = 3},  // another TP: assembled, then cut
+                       Layout{.tp = 1, .pp = 2, .dp = 2, .zero = 2}});
   std::filesystem::remove_all(dir);
 }
 
@@ -158,13 +167,9 @@ TEST_CASE("MoE: expert moments are saved per expert-data-parallel slice and load
       CHECK(range == checkpoint::ElementRange{owned.begin, owned.end()});
     }
   }
-  for (const Layout& l : {Layout{.dp = 2, .ep = 1, .zero = 1}, Layout{.dp = 4, .ep = 4, .zero = 3},
-                          Layout{.dp = 2, .ep = 2, .zero = 0}}) {
-    CAPTURE(l.dp);
-    CAPTURE(l.ep);
-    CAPTURE(l.zero);
-    CHECK(test::relative_error(load(config, l, dir), saved) == 0.0);
-  }
+  check_loads_exactly(config, dir, saved,
+                      {Layout{.dp = 2, .ep = 1, .zero = 1}, Layout{.dp = 4, .ep = 4, .zero = 3},
+                       Layout{.dp = 2, .ep = 2, .zero = 0}});
   std::filesystem::remove_all(dir);
 }
 
@@ -175,6 +180,6 @@ TEST_CASE("at ZeRO 0 one replica saves the moments whole; they load at ZeRO 3 on
   const checkpoint::Manifest m = checkpoint::read_manifest(dir);
   CHECK(m.files.size() == 2);  // the model file and replica 0's partition file
   CHECK(m.files.contains(checkpoint::partition_file_name(0, 0, 0)));
-  CHECK(test::relative_error(load(config, Layout{.dp = 4, .zero = 3}, dir), saved) == 0.0);
+  check_loads_exactly(config, dir, saved, {Layout{.dp = 4, .zero = 3}});
   std::filesystem::remove_all(dir);
 }
