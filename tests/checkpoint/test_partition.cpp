@@ -2,11 +2,16 @@
 // contiguous element ranges of their TP shards over 3 data-parallel ranks (uneven: most
 // shards do not divide by 3), the parameters as ordinary shard files. Checked against the
 // global tensors the fake model was cut from: load_global, read_local at the saved and at
-// other TP sizes (ranges crossing partition boundaries), reshard; and the save refuses
-// partitions that leave a gap or overlap, naming the tensor and the elements.
+// other TP sizes (ranges crossing partition boundaries), reshard; the save refuses partitions
+// that leave a gap or overlap, naming the tensor and the elements; loading names a missing
+// partition file and a manifest whose ranges are not the file's own.
 #include <doctest/doctest.h>
 
+#include <functional>
+#include <map>
+#include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dsp/checkpoint/load.hpp"
@@ -125,6 +130,18 @@ TEST_CASE("partitions that leave a gap or overlap are refused at save; a missing
     const auto msg = message_of<CheckpointError>([&] { load_global(tmp / "ckpt"); });
     CHECK_MESSAGE(msg.find(file.string()) != std::string::npos, msg);
     CHECK_MESSAGE(msg.find("missing") != std::string::npos, msg);
+  }
+  SUBCASE("manifest ranges that are not the file's") {
+    save_partitioned(tmp / "ckpt", specs, globals);
+    Manifest m = read_manifest(tmp / "ckpt");
+    auto& a = m.files.at(partition_file_name(0, 0, 0)).ranges;
+    auto& b = m.files.at(partition_file_name(0, 0, 1)).ranges;
+    const std::string name = "optimizer.exp_avg." + qkv_name;
+    std::swap(a.at(name), b.at(name));  // both still tile the shard
+    write_manifest(tmp / "ckpt", m);
+    const auto msg = message_of<CheckpointError>([&] { load_global(tmp / "ckpt"); });
+    CHECK_MESSAGE(msg.find(partition_file_name(0, 0, 0)) != std::string::npos, msg);
+    CHECK_MESSAGE(msg.find("metadata's ranges") != std::string::npos, msg);
   }
   for (const auto& name : tmp.names()) CHECK_MESSAGE(name == "ckpt", name);  // nothing half-written stays
 }

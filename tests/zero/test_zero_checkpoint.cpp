@@ -34,6 +34,7 @@ namespace {
 struct Layout {
   int tp = 1, pp = 1, dp = 1, ep = 1;
   int zero = 0;
+  std::int64_t global_batch = 8;
   ParallelLayout parallel() const { return {.tensor = tp, .pipeline = pp, .data = dp, .expert = ep}; }
 };
 
@@ -43,9 +44,9 @@ std::filesystem::path temp_dir(const std::string& what) {
   return dir;
 }
 
-train::TrainConfig train_config(int zero) {
-  train::TrainConfig tc = test::small_train_config(8, 6);
-  tc.zero_stage = zero;
+train::TrainConfig train_config(const Layout& l) {
+  train::TrainConfig tc = test::small_train_config(l.global_batch, 6);
+  tc.zero_stage = l.zero;
   return tc;
 }
 
@@ -57,7 +58,7 @@ test::Params train_and_save(const model::ModelConfig& config, const Layout& l, i
   std::mutex mu;
   comm::launch(l.tp * l.pp * l.dp, [&](comm::ThreadComm& world) {
     DeviceMesh mesh(world, l.parallel());
-    train::Trainer<P> trainer(config, train_config(l.zero), mesh, test::shakespeare(config.seq_length));
+    train::Trainer<P> trainer(config, train_config(l), mesh, test::shakespeare(config.seq_length));
     for (int s = 0; s < steps; ++s) trainer.train_step();
     if (!dir.empty()) train::save_checkpoint(dir, trainer);
     test::collect_state(trainer, mesh, l.ep, mu, out);
@@ -71,7 +72,7 @@ test::Params load(const model::ModelConfig& config, const Layout& l, const std::
   std::mutex mu;
   comm::launch(l.tp * l.pp * l.dp, [&](comm::ThreadComm& world) {
     DeviceMesh mesh(world, l.parallel());
-    train::Trainer<P> trainer(config, train_config(l.zero), mesh, test::shakespeare(config.seq_length));
+    train::Trainer<P> trainer(config, train_config(l), mesh, test::shakespeare(config.seq_length));
     train::load_checkpoint(dir, trainer);
     test::collect_state(trainer, mesh, l.ep, mu, out);
   });
@@ -101,7 +102,7 @@ TEST_CASE("ZeRO 2 at TP 2 x DP 4: each rank saves its own moment slices, unpadde
   std::mutex mu;
   comm::launch(8, [&](comm::ThreadComm& world) {
     DeviceMesh mesh(world, l.parallel());
-    train::Trainer<P> trainer(config, train_config(l.zero), mesh, test::shakespeare(config.seq_length));
+    train::Trainer<P> trainer(config, train_config(l), mesh, test::shakespeare(config.seq_length));
     for (int s = 0; s < 3; ++s) trainer.train_step();
     memory::reset_peak();
     const memory::Snapshot before = memory::snapshot();
@@ -181,5 +182,21 @@ TEST_CASE("at ZeRO 0 one replica saves the moments whole; they load at ZeRO 3 on
   CHECK(m.files.size() == 2);  // the model file and replica 0's partition file
   CHECK(m.files.contains(checkpoint::partition_file_name(0, 0, 0)));
   check_loads_exactly(config, dir, saved, {Layout{.dp = 4, .zero = 3}});
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("ranks that own only padding of a small parameter save nothing of it and still load (hidden 8 at DP 6)") {
+  // The norms' 8 elements over 6 ranks: slices of ceil(8 / 6) = 2, so DP ranks 4 and 5 own none.
+  auto config = test::small_model();
+  config.hidden_size = 8;
+  config.num_attention_heads = 2;
+  config.num_query_groups = 2;
+  config.ffn_hidden_size = 16;
+  const auto dir = temp_dir("padding");
+  const Layout saver{.dp = 6, .zero = 1, .global_batch = 12};
+  const test::Params saved = train_and_save(config, saver, 2, dir);
+  const auto& ranges = checkpoint::read_manifest(dir).files.at(checkpoint::partition_file_name(0, 0, 5)).ranges;
+  CHECK_FALSE(ranges.contains("optimizer.exp_avg.model.norm.weight"));
+  check_loads_exactly(config, dir, saved, {saver, Layout{.dp = 4, .zero = 2}, Layout{.dp = 1, .zero = 3}});
   std::filesystem::remove_all(dir);
 }

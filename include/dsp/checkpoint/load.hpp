@@ -37,7 +37,8 @@ class CheckpointReader {
   /// Loads and verifies the manifest (load_manifest, which also checks that partition files
   /// tile their tensors) and reads every file's header. Throws CheckpointError naming the file
   /// when a header is invalid (read_safetensors), a file holds a tensor the manifest does not
-  /// list (or a partition file one its record does not), a shard whose shape is not the spec's
+  /// list (or a partition file one its record does not, or other ranges than its metadata), a
+  /// shard whose shape is not the spec's
   /// local shape at the saved TP, a part whose length is not its range's, or a tensor both
   /// whole and in parts; or naming the tensor when it lacks the shard of some TP rank.
   explicit CheckpointReader(std::filesystem::path dir) : dir_(std::move(dir)), manifest_(load_manifest(dir_)) {
@@ -68,6 +69,11 @@ class CheckpointReader {
       }
       for (const auto& [tensor, range] : record.ranges)
         if (!file.contains(tensor)) throw fail("lacks tensor ", tensor, ", which its record lists");
+      if (record.partition()) {
+        const auto own = file.metadata().find("ranges");
+        if (own == file.metadata().end() || nlohmann::json::parse(own->second, nullptr, false) != nlohmann::json(record.ranges))
+          throw fail("its metadata's ranges are not those ", manifest_file_name, " lists for it");
+      }
     }
     for (const ShardedTensor& spec : manifest_.tensors) {
       auto& pieces = pieces_[spec.name];

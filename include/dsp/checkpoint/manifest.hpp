@@ -241,6 +241,7 @@ inline Manifest read_manifest(const std::filesystem::path& dir) {
                  l.str());
     if (record.dp_rank >= l.data) throw fail(name, " has DP rank ", record.dp_rank, ", outside layout ", l.str());
     if (!record.partition() && !record.ranges.empty()) throw fail(name, " lists ranges but no DP rank");
+    if (record.partition() && version == 1) throw fail(name, " is a partition file, which version 1 does not have");
   }
   try {
     check_partitions(m);

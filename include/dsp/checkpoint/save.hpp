@@ -121,8 +121,9 @@ inline ShardFileInfo write_shard_file(const std::filesystem::path& tmp_dir, cons
 }
 
 /// Phase 1, optional, on any rank: writes `partition` to `tmp_dir`/partition_file_name(tp_rank,
-/// pp_rank, dp_rank), each entry as a 1-D fp32 tensor under its spec's name, and its
-/// `.info.json` record (the ranges each entry holds); returns the record. Throws ConfigError
+/// pp_rank, dp_rank), each entry as a 1-D fp32 tensor under its spec's name (the metadata holds
+/// the ranks and, as JSON, the ranges: the file describes itself, and loading checks the
+/// manifest against it), and its `.info.json` record; returns the record. Throws ConfigError
 /// when a rank is negative or tp_rank >= tp_size, Error naming the tensor when an entry is
 /// empty, repeats a name or lies outside spec.local_shape(tp_size), CheckpointError naming the
 /// file when writing fails.
@@ -147,7 +148,8 @@ inline ShardFileInfo write_partition_file(const std::filesystem::path& tmp_dir, 
                                               {{"tp_rank", std::to_string(tp_rank)},
                                                {"tp_size", std::to_string(tp_size)},
                                                {"pp_rank", std::to_string(pp_rank)},
-                                               {"dp_rank", std::to_string(dp_rank)}});
+                                               {"dp_rank", std::to_string(dp_rank)},
+                                               {"ranges", nlohmann::json(info.record.ranges).dump()}});
   return detail::record_written(tmp_dir, std::move(info), digest, tp_rank, pp_rank);
 }
 

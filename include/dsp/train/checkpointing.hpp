@@ -182,6 +182,7 @@ void load_checkpoint(const std::filesystem::path& dir, Trainer<Policy>& t) {
   }
   for (std::size_t i = 0; i < opt.parameters().size(); ++i) {
     const zero::ShardRange r = opt.range(i);
+    if (r.valid() == 0) continue;  // a rank past the end of a small parameter owns only padding
     detail::for_each_moment(opt, i, [&](const ShardedTensor& spec, Tensor& moment) {
       reader.read_local(spec.name, tp, tp_rank, r.begin, std::span(moment.data(), static_cast<std::size_t>(r.valid())));
     });
