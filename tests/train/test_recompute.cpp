@@ -1,12 +1,17 @@
 // Activation recomputation (model/recompute.hpp): selective (attention probabilities and SwiGLU
 // activations recomputed in backward) and full (uniform groups of 1 and 2 layers, block) give
-// bitwise the gradients, losses and parameters of no recomputation, for a dense and a
-// DeepSeekMoE model (routed experts split over EP2), at TP1 and TP2 x PP2; and they keep less:
-// the measured activation peak of a step falls from none to selective to full. Bitwise, because
-// the recomputed forward is the same arithmetic on the same inputs (fixed threads: same GEMM
-// shapes, same summation order).
+// bitwise the gradients, losses, parameters and moments of no recomputation, for a dense and a
+// DeepSeekMoE model (routed experts split over EP2), at TP1 and TP2 x PP2, in fp32 and with
+// Bf16Mixed's 16-bit activations (the recomputed values are rounded where the forward rounded
+// them); and they keep less: the measured activation peak of a step falls from none to
+// selective to full (fp32), and Bf16Mixed's is below fp32's (its kept activations are half,
+// tests/model/test_activation_precision.cpp; the peak also holds one layer's fp32 backward
+// temporaries, the same in both: measured 0.82-0.86 of fp32's here). Bitwise, because the recomputed forward
+// is the same arithmetic on the same inputs (fixed threads: same GEMM shapes, same summation
+// order).
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <map>
 #include <mutex>
 #include <string>
@@ -24,10 +29,13 @@ namespace {
 
 struct Run {
   std::vector<double> losses;
-  std::map<std::string, std::vector<float>> grads, values;  // rank 0's local shards after the steps
-  std::int64_t peak_activation_bytes = 0;                      // rank 0, largest over the steps
+  // Rank 0's local shards after the steps: fp32 gradients (fp32 only: mixed precision keeps
+  // none between steps), parameter values (mixed precision: the master weights) and moments.
+  std::map<std::string, std::vector<float>> grads, values, moments;
+  std::int64_t peak_activation_bytes = 0;  // rank 0, largest over the steps
 };
 
+template <class Pol = P>
 Run run(const model::ModelConfig& config, model::RecomputeConfig recompute, ParallelLayout layout, int steps) {
   train::TrainConfig tc;
   tc.micro_batch_size = 2;
@@ -39,17 +47,24 @@ Run run(const model::ModelConfig& config, model::RecomputeConfig recompute, Para
   std::mutex mu;
   comm::launch(layout.tensor * layout.pipeline * (layout.expert > 1 ? layout.expert : 1), [&](comm::ThreadComm& world) {
     DeviceMesh mesh(world, layout);
-    train::Trainer<P> trainer(config, tc, mesh, test::shakespeare(config.seq_length));
+    train::Trainer<Pol> trainer(config, tc, mesh, test::shakespeare(config.seq_length));
     Run r;
     for (int s = 0; s < steps; ++s) {
       const auto step = trainer.train_step();
       r.losses.push_back(step.loss);
       r.peak_activation_bytes = std::max(r.peak_activation_bytes, step.peak_activation_bytes);
     }
-    for (auto* p : trainer.parameters()) {
-      r.grads[p->spec.name].assign(p->grad.values().begin(), p->grad.values().end());
+    auto& opt = trainer.optimizer();
+    opt.gather_for_checkpoint();
+    const auto params = opt.parameters();
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const auto* p = params[i];
+      if (!p->grad.empty()) r.grads[p->spec.name].assign(p->grad.values().begin(), p->grad.values().end());
       r.values[p->spec.name].assign(p->value.values().begin(), p->value.values().end());
+      auto& m = r.moments[p->spec.name];
+      for (const Tensor* t : {&opt.exp_avg(i), &opt.exp_avg_sq(i)}) m.insert(m.end(), t->data(), t->data() + t->numel());
     }
+    opt.partition_after_checkpoint(false);
     std::lock_guard lk(mu);
     if (world.rank() == 0) out = std::move(r);
   });
@@ -68,40 +83,72 @@ model::ModelConfig moe_model() {
   return c;
 }
 
+struct Case {
+  const char* name;
+  model::ModelConfig config;
+  ParallelLayout layout;
+};
+
+model::ModelConfig dense_model() {
+  auto c = test::small_model();
+  c.num_layers = 4;
+  c.seq_length = 64;
+  return c;
+}
+
+// Every recomputation setting against none, with precision policy Pol.
+template <class Pol>
+void check_recomputation(const Case& c) {
+  using G = model::RecomputeGranularity;
+  using M = model::RecomputeMethod;
+  CAPTURE(c.name);
+  const Run none = run<Pol>(c.config, {}, c.layout, 3);
+  CHECK(none.grads.empty() == train::Trainer<Pol>::Optimizer::mixed);
+  CHECK_FALSE(none.moments.empty());
+  const Run selective = run<Pol>(c.config, {G::Selective, M::Uniform, 1}, c.layout, 3);
+  for (const model::RecomputeConfig& rc : {model::RecomputeConfig{G::Selective, M::Uniform, 1},
+                                           model::RecomputeConfig{G::Full, M::Uniform, 1},
+                                           model::RecomputeConfig{G::Full, M::Uniform, 2},
+                                           model::RecomputeConfig{G::Full, M::Block, 1}}) {
+    CAPTURE(static_cast<int>(rc.granularity));
+    CAPTURE(static_cast<int>(rc.method));
+    CAPTURE(rc.num_layers);
+    const Run r = run<Pol>(c.config, rc, c.layout, 3);
+    CHECK(r.losses == none.losses);
+    CHECK(r.grads == none.grads);  // the last step's reduced, clipped gradients
+    CHECK(r.values == none.values);
+    CHECK(r.moments == none.moments);  // every step's gradients went into them
+    CHECK(r.peak_activation_bytes < none.peak_activation_bytes);
+    // In mixed precision a recomputed group is fp32 again during its backward, more here than
+    // selective's 16-bit stash: only fp32 orders full below selective on this small model.
+    if (rc.granularity == G::Full && rc.method == M::Uniform && !train::Trainer<Pol>::Optimizer::mixed)
+      CHECK(r.peak_activation_bytes < selective.peak_activation_bytes);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("activation recomputation: bitwise the gradients of no recomputation, and a lower activation peak") {
-  using G = model::RecomputeGranularity;
-  using M = model::RecomputeMethod;
-  auto dense = test::small_model();
-  dense.num_layers = 4;
-  dense.seq_length = 64;
-  struct Case {
-    const char* name;
-    model::ModelConfig config;
-    ParallelLayout layout;
-  };
-  for (const Case& c : {Case{"dense TP1", dense, {}}, Case{"dense TP2 x PP2", dense, {.tensor = 2, .pipeline = 2}},
+  for (const Case& c : {Case{"dense TP1", dense_model(), {}},
+                        Case{"dense TP2 x PP2", dense_model(), {.tensor = 2, .pipeline = 2}},
                         Case{"MoE EP2", moe_model(), {.data = 2, .expert = 2}},
-                        Case{"MoE TP2 x EP2", moe_model(), {.tensor = 2, .data = 2, .expert = 2}}}) {
+                        Case{"MoE TP2 x EP2", moe_model(), {.tensor = 2, .data = 2, .expert = 2}}})
+    check_recomputation<P>(c);
+}
+
+TEST_CASE("Bf16Mixed: recomputation is bitwise too, and 16-bit activations lower the activation peak") {
+  using B = Policy<backend::Host, comm::ThreadComm, precision::Bf16Mixed>;
+  for (const Case& c : {Case{"dense TP1", dense_model(), {}},
+                        Case{"dense TP2 x PP2", dense_model(), {.tensor = 2, .pipeline = 2}},
+                        Case{"MoE EP2", moe_model(), {.data = 2, .expert = 2}}}) {
+    check_recomputation<B>(c);
+    const Run fp32 = run<P>(c.config, {}, c.layout, 2), bf16 = run<B>(c.config, {}, c.layout, 2);
     CAPTURE(c.name);
-    const Run none = run(c.config, {}, c.layout, 3);
-    const Run selective = run(c.config, {G::Selective, M::Uniform, 1}, c.layout, 3);
-    for (const model::RecomputeConfig& rc : {model::RecomputeConfig{G::Selective, M::Uniform, 1},
-                                             model::RecomputeConfig{G::Full, M::Uniform, 1},
-                                             model::RecomputeConfig{G::Full, M::Uniform, 2},
-                                             model::RecomputeConfig{G::Full, M::Block, 1}}) {
-      CAPTURE(static_cast<int>(rc.granularity));
-      CAPTURE(static_cast<int>(rc.method));
-      CAPTURE(rc.num_layers);
-      const Run r = run(c.config, rc, c.layout, 3);
-      CHECK(r.losses == none.losses);
-      CHECK(r.grads == none.grads);  // the last step's reduced, clipped gradients
-      CHECK(r.values == none.values);
-      CHECK(r.peak_activation_bytes < none.peak_activation_bytes);
-      if (rc.granularity == G::Full && rc.method == M::Uniform)
-        CHECK(r.peak_activation_bytes < selective.peak_activation_bytes);
-    }
+    CAPTURE(fp32.peak_activation_bytes);
+    CAPTURE(bf16.peak_activation_bytes);
+    CHECK(bf16.peak_activation_bytes < fp32.peak_activation_bytes);
+    for (std::size_t s = 0; s < fp32.losses.size(); ++s)  // the same model, 16-bit rounding apart
+      CHECK(std::abs(bf16.losses[s] - fp32.losses[s]) < 0.05);
   }
 }
 

@@ -7,12 +7,14 @@
 // Hugging Face names: "{prefix}.gate_proj.weight", "{prefix}.up_proj.weight" (fused here as
 // "{prefix}.gate_up_proj.weight" with those parts) and "{prefix}.down_proj.weight".
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "dsp/backend/host/linear.hpp"
 #include "dsp/backend/host/swiglu.hpp"
 #include "dsp/core/error.hpp"
+#include "dsp/model/activation_precision.hpp"
 #include "dsp/model/parameter.hpp"
 
 namespace dsp::ep {
@@ -23,6 +25,8 @@ class GroupedExperts {
   struct Saved {
     Tensor x, gate_up, act;
     std::vector<std::int64_t> rows;  ///< [experts] rows of each block
+    model::ActivationPrecision precision = model::ActivationPrecision::Fp32;  ///< of gate_up and act
+    std::vector<Tensor*> tensors() { return {&x, &gate_up, &act}; }
   };
 
   /// One expert per name prefix (e.g. "model.layers.3.mlp.experts.12"), each [ffn, hidden]
@@ -51,8 +55,10 @@ class GroupedExperts {
   /// x [sum rows, hidden], expert e on the rows[e] rows after those of experts < e ->
   /// [sum rows, hidden], this TP rank's partial output. saved may be null (inference); it
   /// keeps x, gate_up and, unless keep_act is false (selective recomputation), the SwiGLU
-  /// activation. Throws Error when rows does not match the experts or x.
-  Tensor forward(const Tensor& x, const std::vector<std::int64_t>& rows, Saved* saved, bool keep_act = true) const {
+  /// activation, both rounded to `precision` (model/activation_precision.hpp). Throws Error when
+  /// rows does not match the experts or x.
+  Tensor forward(const Tensor& x, const std::vector<std::int64_t>& rows, Saved* saved, bool keep_act = true,
+                 model::ActivationPrecision precision = model::ActivationPrecision::Fp32) const {
     check(x, rows);
     const std::int64_t n = x.dim(0), f = ffn_local_;
     Tensor gu({n, 2 * f}), act({n, f}), y({n, hidden_});
@@ -61,11 +67,13 @@ class GroupedExperts {
       if (rows[e] == 0) continue;
       linear_forward(Backend{}, x.data() + r0 * hidden_, gate_up_[e]->value.data(), gu.data() + r0 * 2 * f, rows[e],
                      hidden_, 2 * f);
+      model::round_activations(precision, std::span(gu.data() + r0 * 2 * f, static_cast<std::size_t>(rows[e] * 2 * f)));
       swiglu_forward(Backend{}, gu.data() + r0 * 2 * f, rows[e], f, act.data() + r0 * f);
+      model::round_activations(precision, std::span(act.data() + r0 * f, static_cast<std::size_t>(rows[e] * f)));
       linear_forward(Backend{}, act.data() + r0 * f, down_[e]->value.data(), y.data() + r0 * hidden_, rows[e], f,
                      hidden_);
     }
-    if (saved) *saved = {x, std::move(gu), keep_act ? std::move(act) : Tensor{}, rows};
+    if (saved) *saved = {x, std::move(gu), keep_act ? std::move(act) : Tensor{}, rows, precision};
     return y;
   }
 
@@ -77,6 +85,7 @@ class GroupedExperts {
     if (s.act.numel() == 0 && n > 0) {
       recomputed = Tensor({n, f});
       swiglu_forward(Backend{}, s.gate_up.data(), n, f, recomputed.data());
+      model::round_activations(s.precision, recomputed);
     }
     const Tensor& act = s.act.numel() > 0 ? s.act : recomputed;
     Tensor dact({n, f}), dgu({n, 2 * f}), dx({n, hidden_});

@@ -90,6 +90,14 @@ class MoELayer {
     Tensor back;  // [A, hidden] the experts' partial outputs, in plan order
     typename GroupedExperts<Backend>::Saved routed;
     std::optional<typename GroupedExperts<Backend>::Saved> shared;
+    /// The activations (routing and plan are indices and fp32 statistics).
+    std::vector<Tensor*> tensors() {
+      std::vector<Tensor*> out{&x, &back};
+      for (Tensor* t : routed.tensors()) out.push_back(t);
+      if (shared)
+        for (Tensor* t : shared->tensors()) out.push_back(t);
+      return out;
+    }
   };
 
   /// prefix: "model.layers.{i}.mlp". tp: the tensor-parallel group; ep: the expert-parallel
@@ -145,11 +153,13 @@ class MoELayer {
     const Tensor local = dispatcher_.dispatch(plan, dispatcher_.permute(plan, x));
     const bool keep_act = !ctx.recompute.selective();
     Tensor back = dispatcher_.undispatch(plan, routed_.forward(local, plan.rows_per_local_expert,
-                                                               saved ? &saved->routed : nullptr, keep_act));
+                                                               saved ? &saved->routed : nullptr, keep_act,
+                                                               ctx.activations));
+    model::round_activations(ctx.activations, back);
     Tensor y = dispatcher_.combine(plan, r, back);
     if (shared_) {
       if (saved) saved->shared.emplace();
-      const Tensor s = shared_->forward(x, {n}, saved ? &*saved->shared : nullptr, keep_act);
+      const Tensor s = shared_->forward(x, {n}, saved ? &*saved->shared : nullptr, keep_act, ctx.activations);
       add(Backend{}, s.numel(), s.data(), y.data());
     }
     if (tp_->size() > 1) tp_->all_reduce(y.span());

@@ -28,6 +28,7 @@ class Attention {
   using Comm = typename Policy::Comm;
   struct Saved {
     Tensor x, q, k, v, probs, context;
+    std::vector<Tensor*> tensors() { return {&x, &q, &k, &v, &probs, &context}; }
   };
 
   /// prefix: "model.layers.{i}.self_attn"; layer: global layer index (KV cache slot).
@@ -49,7 +50,8 @@ class Attention {
   /// x [tokens, hidden] -> [tokens, hidden]. With ctx.cache, this call's keys/values are
   /// written at their positions and attention reads the whole cache (masked by position).
   /// saved keeps what backward needs: q, k, v, the context and (unless selective
-  /// recomputation) the softmax probabilities [batch, heads/tp, seq, seq].
+  /// recomputation) the softmax probabilities [batch, heads/tp, seq, seq], each rounded to
+  /// ctx.activations (the softmax itself computes in fp32).
   Tensor forward(const ForwardContext& ctx, const Tensor& x, Saved* saved) {
     const std::int64_t n = ctx.tokens(), qw = heads_ * d_, kw = kv_heads_ * d_;
     const Tensor qkv = qkv_.forward(x);
@@ -59,6 +61,7 @@ class Attention {
     copy_columns(Backend{}, qkv.data(), qw + 2 * kw, qw + kw, v.data(), kw, 0, n, kw);
     rope_forward(Backend{}, q.data(), ctx.positions.data(), n, heads_, d_, theta_, q.data());
     rope_forward(Backend{}, k.data(), ctx.positions.data(), n, kv_heads_, d_, theta_, k.data());
+    for (Tensor* t : {&q, &k, &v}) round_activations(ctx.activations, *t);
 
     Tensor context({n, qw});
     Tensor probs;
@@ -77,7 +80,9 @@ class Attention {
       if (saved && !ctx.recompute.selective()) probs = Tensor({ctx.batch, heads_, ctx.seq, ctx.seq});
       attention_forward(Backend{}, q.data(), k.data(), v.data(), ctx.positions.data(), ctx.batch, ctx.seq, ctx.seq,
                         heads_, kv_heads_, d_, context.data(), probs.numel() > 0 ? probs.data() : nullptr);
+      round_activations(ctx.activations, probs);
     }
+    round_activations(ctx.activations, context);
     Tensor y = o_.forward(context);
     if (saved) *saved = {x, std::move(q), std::move(k), std::move(v), std::move(probs), std::move(context)};
     return y;
@@ -93,6 +98,7 @@ class Attention {
       Tensor context({n, qw});
       attention_forward(Backend{}, s.q.data(), s.k.data(), s.v.data(), ctx.positions.data(), ctx.batch, ctx.seq,
                         ctx.seq, heads_, kv_heads_, d_, context.data(), recomputed.data());
+      round_activations(ctx.activations, recomputed);  // as the forward would have kept them
     }
     const Tensor& probs = s.probs.numel() > 0 ? s.probs : recomputed;
     Tensor dq({n, qw}), dk({n, kw}), dv({n, kw});

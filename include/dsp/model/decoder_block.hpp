@@ -26,6 +26,13 @@ class DecoderBlock {
     typename Attention<Policy>::Saved attn;
     typename MLP<Policy>::Saved mlp;
     typename ep::MoELayer<Policy>::Saved moe;
+    /// Every activation kept (the unused one of mlp and moe is empty).
+    std::vector<Tensor*> tensors() {
+      std::vector<Tensor*> out;
+      for (const auto& part : {norm1.tensors(), norm2.tensors(), attn.tensors(), mlp.tensors(), moe.tensors()})
+        out.insert(out.end(), part.begin(), part.end());
+      return out;
+    }
   };
 
   /// layer: global layer index (names and KV-cache slot use it). ep: the expert-parallel group
@@ -41,15 +48,22 @@ class DecoderBlock {
     else mlp_ = std::make_unique<MLP<Policy>>(tp, c, prefix(layer) + ".mlp", seed);
   }
 
-  /// x [tokens, hidden] -> [tokens, hidden]; saved may be null (inference).
+  /// x [tokens, hidden] -> [tokens, hidden]; saved may be null (inference). The normalised
+  /// inputs, the residual stream and the output are rounded to ctx.activations.
   Tensor forward(const ForwardContext& ctx, const Tensor& x, Saved* saved) {
     trace::Span span(forward_span_, trace::Kind::Compute);
-    Tensor h = attn_.forward(ctx, norm1_.forward(x, saved ? &saved->norm1 : nullptr), saved ? &saved->attn : nullptr);
+    Tensor normed = norm1_.forward(x, saved ? &saved->norm1 : nullptr);
+    round_activations(ctx.activations, normed);
+    Tensor h = attn_.forward(ctx, normed, saved ? &saved->attn : nullptr);
     add(Backend{}, x.numel(), x.data(), h.data());
-    const Tensor normed = norm2_.forward(h, saved ? &saved->norm2 : nullptr);
+    round_activations(ctx.activations, h);
+    normed = norm2_.forward(h, saved ? &saved->norm2 : nullptr);
+    round_activations(ctx.activations, normed);
     Tensor out = moe_ ? moe_->forward(ctx, normed, saved ? &saved->moe : nullptr)
-                      : mlp_->forward(normed, saved ? &saved->mlp : nullptr, !ctx.recompute.selective());
+                      : mlp_->forward(normed, saved ? &saved->mlp : nullptr, !ctx.recompute.selective(),
+                                      ctx.activations);
     add(Backend{}, h.numel(), h.data(), out.data());
+    round_activations(ctx.activations, out);
     return out;
   }
   /// dout [tokens, hidden] -> dx; accumulates every parameter's gradient.

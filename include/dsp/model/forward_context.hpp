@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "dsp/ep/moe_options.hpp"
+#include "dsp/model/activation_precision.hpp"
 #include "dsp/model/recompute.hpp"
 #include "dsp/serve/kv_cache.hpp"
 
@@ -20,6 +21,8 @@ struct ForwardContext {
   ep::MoeOptions moe;                     ///< capacity and balance loss of MoE layers (training)
   RecomputeConfig recompute;              ///< what a training forward keeps for backward
   bool recomputing = false;               ///< a forward re-run in backward: layers count nothing twice
+  /// Training with mixed precision: the 16-bit type activations are rounded to and kept in.
+  ActivationPrecision activations = ActivationPrecision::Fp32;
 
   std::int64_t tokens() const { return batch * seq; }
 

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "dsp/backend/host/swiglu.hpp"
+#include "dsp/model/activation_precision.hpp"
 #include "dsp/model/attention.hpp"
 #include "dsp/model/config.hpp"
 #include "dsp/tp/column_parallel_linear.hpp"
@@ -20,6 +21,8 @@ class MLP {
   using Comm = typename Policy::Comm;
   struct Saved {
     Tensor x, gate_up, act;
+    ActivationPrecision precision = ActivationPrecision::Fp32;  ///< what gate_up and act are rounded to
+    std::vector<Tensor*> tensors() { return {&x, &gate_up, &act}; }
   };
 
   /// prefix: "model.layers.{i}.mlp".
@@ -32,14 +35,18 @@ class MLP {
               {Init::Normal, Attention<Policy>::scaled_std(c)}, seed) {}
 
   /// x [tokens, hidden] -> [tokens, hidden]. saved keeps x, gate_up and (unless keep_act is
-  /// false: selective recomputation) the SwiGLU activation.
-  Tensor forward(const Tensor& x, Saved* saved, bool keep_act = true) {
+  /// false: selective recomputation) the SwiGLU activation; gate_up and the activation are
+  /// rounded to `precision` (model/activation_precision.hpp).
+  Tensor forward(const Tensor& x, Saved* saved, bool keep_act = true,
+                 ActivationPrecision precision = ActivationPrecision::Fp32) {
     Tensor gu = gate_up_.forward(x);
+    round_activations(precision, gu);
     const std::int64_t n = x.dim(0), f = gu.dim(1) / 2;
     Tensor act({n, f});
     swiglu_forward(Backend{}, gu.data(), n, f, act.data());
+    round_activations(precision, act);
     Tensor y = down_.forward(act);
-    if (saved) *saved = {x, std::move(gu), keep_act ? std::move(act) : Tensor{}};
+    if (saved) *saved = {x, std::move(gu), keep_act ? std::move(act) : Tensor{}, precision};
     return y;
   }
   /// dy [tokens, hidden] -> dx [tokens, hidden] (summed over TP); accumulates weight grads.
@@ -48,6 +55,7 @@ class MLP {
     if (s.act.numel() == 0) {
       recomputed = Tensor({s.gate_up.dim(0), s.gate_up.dim(1) / 2});
       swiglu_forward(Backend{}, s.gate_up.data(), recomputed.dim(0), recomputed.dim(1), recomputed.data());
+      round_activations(s.precision, recomputed);
     }
     const Tensor dact = down_.backward(s.act.numel() > 0 ? s.act : recomputed, dy);
     Tensor dgu(s.gate_up.shape());

@@ -14,6 +14,8 @@ class RMSNorm {
   struct Saved {
     Tensor x;
     std::vector<float> rstd;
+    /// The activations (rstd is an fp32 statistic).
+    std::vector<Tensor*> tensors() { return {&x}; }
   };
 
   RMSNorm(std::string name, std::int64_t hidden, float eps, int tp_size, int tp_rank)

@@ -32,7 +32,8 @@ class PipelineStage {
   using Parameter = model::Parameter;
 
   /// Activations of one micro-batch on this stage, kept between its forward and its backward
-  /// (one per micro-batch in flight).
+  /// (one per micro-batch in flight). With 16-bit activations (ctx.activations) each block's
+  /// and the rest's tensors are packed in 16 bits in between (model::PackedTensors).
   struct Activations {
     model::ForwardContext ctx;
     std::vector<std::int32_t> ids, targets;
@@ -42,6 +43,15 @@ class PipelineStage {
     typename model::RMSNorm<Policy>::Saved final_norm;
     Tensor normed, logits;
     typename tp::VocabParallelCrossEntropy<Policy>::Saved loss;
+    std::vector<model::PackedTensors> packed_blocks;  ///< blocks[l] while packed
+    model::PackedTensors packed_rest;                 ///< rest_tensors() while packed
+    /// The kept tensors outside the blocks: group inputs, the final norm's input, its output
+    /// and the logits.
+    std::vector<Tensor*> rest_tensors() {
+      std::vector<Tensor*> out{&final_norm.x, &normed, &logits};
+      for (Tensor& t : group_inputs) out.push_back(&t);
+      return out;
+    }
   };
 
   /// Builds this rank's shards of the stage's layers [layers.first_layer, + num_layers) with
@@ -121,9 +131,13 @@ class PipelineStage {
     act.ids = std::move(ids);
     act.targets = std::move(targets);
     Tensor y = run(ctx, act.ids, std::move(x), &act);
+    std::vector<float> loss;
+    if (layers_.post_process) {
+      act.logits = std::move(y);
+      loss = loss_.forward(act.logits, act.targets, act.loss);
+    }
+    act.packed_rest.pack(ctx.activations, act.rest_tensors());
     if (!layers_.post_process) return y;
-    act.logits = std::move(y);
-    const auto loss = loss_.forward(act.logits, act.targets, act.loss);
     return Tensor({static_cast<std::int64_t>(loss.size())}, loss);
   }
 
@@ -146,6 +160,7 @@ class PipelineStage {
       if (on_grad_ready && &p != tied_embedding()) (*on_grad_ready)(p);
     };
     Tensor dx;
+    act.packed_rest.unpack(act.rest_tensors());
     const std::size_t first_block = embed_ ? 1 : 0;  // parameter_parts() index of block 0
     if (!layers_.post_process) {
       dx = dy;
@@ -162,6 +177,7 @@ class PipelineStage {
       const std::size_t part = first_block + l;
       acquire(part, part > 0 ? std::optional(part - 1) : std::nullopt, true);
       recompute_group_ending_at(l, act);
+      act.packed_blocks[l].unpack(act.blocks[l].tensors());
       dx = blocks_[l]->backward(act.ctx, dx, act.blocks[l]);
       act.blocks[l] = {};  // this layer's activations are spent
       if (on_grad_ready) {
@@ -263,12 +279,14 @@ class PipelineStage {
       acquire(0, next(0), false);
       x = embed_->forward(ids);
       release(0);
+      model::round_activations(ctx.activations, x);
     }
     DSP_CHECK(x.rank() == 2 && x.dim(0) == ctx.tokens() && x.dim(1) == config_.hidden_size, "pipeline stage input ",
               shape_str(x.shape()), " is not [", ctx.tokens(), ", ", config_.hidden_size, "]");
     if (act) {
       act->blocks.resize(blocks_.size());
       act->group_inputs.resize(blocks_.size());
+      act->packed_blocks.resize(blocks_.size());
     }
     const auto n = static_cast<std::int64_t>(blocks_.size());
     for (std::int64_t l = 0; l < n; ++l) {
@@ -276,13 +294,17 @@ class PipelineStage {
       if (group && group->first == l) act->group_inputs[static_cast<std::size_t>(l)] = x;
       const std::size_t part = first_block + static_cast<std::size_t>(l);
       acquire(part, next(part), false);
-      x = blocks_[static_cast<std::size_t>(l)]->forward(ctx, x, act && !group ? &act->blocks[static_cast<std::size_t>(l)] : nullptr);
+      const auto i = static_cast<std::size_t>(l);
+      x = blocks_[i]->forward(ctx, x, act && !group ? &act->blocks[i] : nullptr);
+      if (act && !group) act->packed_blocks[i].pack(ctx.activations, act->blocks[i].tensors());
       release(part);
     }
     if (!layers_.post_process) return x;
     acquire(parts - 1, std::nullopt, false);
     Tensor normed = final_norm_->forward(x, act ? &act->final_norm : nullptr);
+    model::round_activations(ctx.activations, normed);
     Tensor logits = lm_head_->forward(normed);
+    model::round_activations(ctx.activations, logits);  // the loss computes in fp32 from them
     release(parts - 1);
     if (act) act->normed = std::move(normed);
     return logits;

@@ -29,14 +29,17 @@
 #include <functional>
 #include <numeric>
 #include <optional>
+#include <type_traits>
 #include <vector>
 
+#include "dsp/core/dtype.hpp"
 #include "dsp/core/memory.hpp"
 #include "dsp/core/trace.hpp"
 #include "dsp/dp/data_sampler.hpp"
 #include "dsp/dp/grad_buckets.hpp"
 #include "dsp/ep/balance.hpp"
 #include "dsp/ep/moe_options.hpp"
+#include "dsp/model/activation_precision.hpp"
 #include "dsp/model/forward_context.hpp"
 #include "dsp/parallel/device_mesh.hpp"
 #include "dsp/policy.hpp"
@@ -147,6 +150,11 @@ class Trainer {
   using ModelPolicy = dsp::Policy<Backend, Comm>;
   using Stage = pp::PipelineStage<ModelPolicy>;
   using Optimizer = zero::ZeroOptimizer<Backend, Comm, Storage>;
+  /// What activations are rounded to and kept in: the storage type (model/activation_precision.hpp).
+  static constexpr model::ActivationPrecision activation_precision =
+      std::is_same_v<Storage, bf16>   ? model::ActivationPrecision::Bf16
+      : std::is_same_v<Storage, fp16> ? model::ActivationPrecision::Fp16
+                                      : model::ActivationPrecision::Fp32;
 
   /// Collective over the mesh. Throws ConfigError when the model does not split over TP or
   /// the pipeline, the batch sizes do not divide, or the schedule does not fit them (e.g.
@@ -209,6 +217,7 @@ class Trainer {
     auto ctx = model::ForwardContext::for_training(tc_.micro_batch_size, seq);
     ctx.moe = tc_.moe;
     ctx.recompute = tc_.recompute;
+    ctx.activations = activation_precision;
     ctx.moe.aux_loss_scale = static_cast<float>(double(tc_.micro_batch_size) / double(tc_.global_batch_size));
     ctx.moe.loss_scale = static_cast<float>(loss_scale);
     for (auto* m : moe_layers()) m->stats().clear();
@@ -290,7 +299,8 @@ class Trainer {
     const std::int64_t batches = std::min(tc_.eval_iters, data_->val_windows() / tc_.global_batch_size);
     std::vector<double> sums{0.0, 0.0};  // loss sum (last stage), tokens
     std::vector<std::int32_t> inputs, targets;
-    const auto ctx = model::ForwardContext::for_training(tc_.micro_batch_size, seq);
+    auto ctx = model::ForwardContext::for_training(tc_.micro_batch_size, seq);
+    ctx.activations = activation_precision;
     for (std::int64_t b = 0; b < batches; ++b)
       for (std::int64_t m = 0; m < per_rank; m += tc_.micro_batch_size) {
         std::vector<std::int64_t> windows(static_cast<std::size_t>(tc_.micro_batch_size));
