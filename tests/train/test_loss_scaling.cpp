@@ -208,6 +208,31 @@ TEST_CASE("steps that overflow at the minimum loss scale end the run with a mess
                                         if (world.rank() == 0) ++attempts;
                                       }
                                     }),
-                       doctest::Contains("10 steps in a row overflowed at the minimum loss scale"), Error);
+                       doctest::Contains("overflowed at the minimum loss scale 1e+10 (--min-loss-scale): the "
+                                         "gradients are not finite"),
+                       Error);
   CHECK(attempts == 9);  // the 10th throws
+}
+
+TEST_CASE("Fp16Mixed: activations past fp16's range make the loss infinite; the run ends naming the forward") {
+  // init std 300: the q/k/v products reach ~1e6, past fp16's 65504, so the rounded activations
+  // (model/activation_precision.hpp) hold infinities and the loss is NaN at every scale.
+  auto config = test::small_model();
+  config.init_method_std = 300.0f;
+  auto tc = train_config(0);
+  tc.loss_scaler = precision::LossScalerConfig{.initial_scale = 1.0f, .min_scale = 1.0f};
+  int skipped = 0;
+  CHECK_THROWS_WITH_AS(comm::launch(2,
+                                    [&](comm::ThreadComm& world) {
+                                      DeviceMesh mesh(world, ParallelLayout{.data = 2});
+                                      train::Trainer<Policy<backend::Host, comm::ThreadComm, precision::Fp16Mixed>> trainer(
+                                          config, tc, mesh, test::shakespeare(config.seq_length));
+                                      for (int s = 0; s < 100; ++s) {
+                                        const auto r = trainer.train_step();
+                                        CHECK(std::isnan(r.loss));
+                                        if (world.rank() == 0) skipped += r.skipped;
+                                      }
+                                    }),
+                       doctest::Contains("the loss itself is not finite, so the forward overflowed"), Error);
+  CHECK(skipped == 9);
 }

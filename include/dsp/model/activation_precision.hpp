@@ -63,6 +63,7 @@ class PackedTensors {
       float* x = tensors[j]->data();
       for (std::size_t i = 0; i < k.bits.size(); ++i)
         x[i] = precision_ == ActivationPrecision::Bf16 ? bf16::to_float(k.bits[i]) : fp16::to_float(k.bits[i]);
+      Bits().swap(k.bits);  // one tensor at a time in both forms
     }
     packed_.clear();
   }

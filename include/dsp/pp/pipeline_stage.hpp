@@ -33,7 +33,8 @@ class PipelineStage {
 
   /// Activations of one micro-batch on this stage, kept between its forward and its backward
   /// (one per micro-batch in flight). With 16-bit activations (ctx.activations) each block's
-  /// and the rest's tensors are packed in 16 bits in between (model::PackedTensors).
+  /// tensors, each recompute group's input and the head's tensors are packed in 16 bits in
+  /// between (model::PackedTensors), each unpacked only just before its backward.
   struct Activations {
     model::ForwardContext ctx;
     std::vector<std::int32_t> ids, targets;
@@ -44,14 +45,11 @@ class PipelineStage {
     Tensor normed, logits;
     typename tp::VocabParallelCrossEntropy<Policy>::Saved loss;
     std::vector<model::PackedTensors> packed_blocks;  ///< blocks[l] while packed
-    model::PackedTensors packed_rest;                 ///< rest_tensors() while packed
-    /// The kept tensors outside the blocks: group inputs, the final norm's input, its output
-    /// and the logits.
-    std::vector<Tensor*> rest_tensors() {
-      std::vector<Tensor*> out{&final_norm.x, &normed, &logits};
-      for (Tensor& t : group_inputs) out.push_back(&t);
-      return out;
-    }
+    std::vector<model::PackedTensors> packed_inputs;  ///< group_inputs[l] while packed
+    model::PackedTensors packed_head;                 ///< head_tensors() while packed
+    /// The last stage's kept tensors after the blocks: the final norm's input, its output and
+    /// the logits.
+    std::vector<Tensor*> head_tensors() { return {&final_norm.x, &normed, &logits}; }
   };
 
   /// Builds this rank's shards of the stage's layers [layers.first_layer, + num_layers) with
@@ -136,7 +134,7 @@ class PipelineStage {
       act.logits = std::move(y);
       loss = loss_.forward(act.logits, act.targets, act.loss);
     }
-    act.packed_rest.pack(ctx.activations, act.rest_tensors());
+    act.packed_head.pack(ctx.activations, act.head_tensors());
     if (!layers_.post_process) return y;
     return Tensor({static_cast<std::int64_t>(loss.size())}, loss);
   }
@@ -160,7 +158,7 @@ class PipelineStage {
       if (on_grad_ready && &p != tied_embedding()) (*on_grad_ready)(p);
     };
     Tensor dx;
-    act.packed_rest.unpack(act.rest_tensors());
+    act.packed_head.unpack(act.head_tensors());
     const std::size_t first_block = embed_ ? 1 : 0;  // parameter_parts() index of block 0
     if (!layers_.post_process) {
       dx = dy;
@@ -287,14 +285,18 @@ class PipelineStage {
       act->blocks.resize(blocks_.size());
       act->group_inputs.resize(blocks_.size());
       act->packed_blocks.resize(blocks_.size());
+      act->packed_inputs.resize(blocks_.size());
     }
     const auto n = static_cast<std::int64_t>(blocks_.size());
     for (std::int64_t l = 0; l < n; ++l) {
-      const auto group = act ? ctx.recompute.group(l, n) : std::nullopt;  // full recomputation
-      if (group && group->first == l) act->group_inputs[static_cast<std::size_t>(l)] = x;
-      const std::size_t part = first_block + static_cast<std::size_t>(l);
-      acquire(part, next(part), false);
       const auto i = static_cast<std::size_t>(l);
+      const auto group = act ? ctx.recompute.group(l, n) : std::nullopt;  // full recomputation
+      if (group && group->first == l) {
+        act->group_inputs[i] = x;
+        act->packed_inputs[i].pack(ctx.activations, {&act->group_inputs[i]});
+      }
+      const std::size_t part = first_block + i;
+      acquire(part, next(part), false);
       x = blocks_[i]->forward(ctx, x, act && !group ? &act->blocks[i] : nullptr);
       if (act && !group) act->packed_blocks[i].pack(ctx.activations, act->blocks[i].tensors());
       release(part);
@@ -319,7 +321,9 @@ class PipelineStage {
     trace::Span span("recompute", trace::Kind::Compute);
     model::ForwardContext ctx = act.ctx;
     ctx.recomputing = true;
-    Tensor x = std::move(act.group_inputs[static_cast<std::size_t>(group->first)]);
+    const auto first = static_cast<std::size_t>(group->first);
+    act.packed_inputs[first].unpack({&act.group_inputs[first]});  // 16-bit until its group is needed
+    Tensor x = std::move(act.group_inputs[first]);
     const std::size_t first_block = embed_ ? 1 : 0;
     for (std::int64_t k = group->first; k < group->second; ++k) {
       const std::size_t part = first_block + static_cast<std::size_t>(k);

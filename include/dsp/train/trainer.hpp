@@ -84,7 +84,8 @@ struct TrainConfig {
   /// moments, MoE expert biases, optimizer step count and so the LR position unchanged) while the
   /// scale backs off. After 10 skips in a row at the minimum scale train_step throws Error: the
   /// gradients are not finite at any allowed scale (a NaN in the model or data, or
-  /// --min-loss-scale too large), and skipping further would only consume data.
+  /// --min-loss-scale too large), or the loss itself is not (the forward overflowed: with
+  /// Fp16Mixed, activations past fp16's 65504), and skipping further would only consume data.
   std::optional<precision::LossScalerConfig> loss_scaler;
 };
 
@@ -276,10 +277,14 @@ class Trainer {
     mesh_->pipeline_group().all_reduce(std::span(loss_sum));  // from the last stage
     r.iteration = optimizer_.steps() + (r.skipped ? 1 : 0);
     if (r.skipped && r.loss_scale <= tc_.loss_scaler->min_scale && ++skips_at_min_scale_ >= 10)
-      throw Error("loss scaling: 10 steps in a row overflowed at the minimum loss scale " +
-                  std::to_string(r.loss_scale) +
-                  " (--min-loss-scale): the gradients are not finite at any allowed scale (a NaN in the model or "
-                  "data, or --min-loss-scale too large)");
+      throw Error(dsp::detail::concat(
+          "loss scaling: 10 steps in a row overflowed at the minimum loss scale ", r.loss_scale,
+          " (--min-loss-scale): ",
+          std::isfinite(loss_sum[0])
+              ? "the gradients are not finite at any allowed scale (a NaN in the model or data, or --min-loss-scale "
+                "too large)"
+              : "the loss itself is not finite, so the forward overflowed before any scaling (with --fp16 every "
+                "activation must stay within +-65504; --bf16 has fp32's range) or the model or data hold a NaN"));
     if (!r.skipped) skips_at_min_scale_ = 0;
     r.loss = loss_sum[0] / loss_tokens;
     r.tokens = tc_.global_batch_size * seq;
