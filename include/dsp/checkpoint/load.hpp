@@ -99,16 +99,14 @@ class CheckpointReader {
   /// The checkpoint directory.
   const std::filesystem::path& dir() const { return dir_; }
 
-  /// The saved spec of `expected.name`. Throws CheckpointError when the checkpoint has no such
-  /// tensor ("checkpoint <dir> has no tensor(s) X"), or it was saved from a different model:
-  /// "checkpoint <dir> has a different model: tensor X has shape A, model expects B" (or "is
-  /// split as ..., model expects ...").
-  const ShardedTensor& matching_spec(const ShardedTensor& expected) const {
+  /// Throws CheckpointError unless the checkpoint holds `expected.name` split as `expected`:
+  /// "checkpoint <dir> has no tensor(s) X", or "checkpoint <dir> has a different model: tensor
+  /// X has shape A, model expects B" (or "is split as ..., model expects ...").
+  void check_matches(const ShardedTensor& expected) const {
     const ShardedTensor* saved = manifest_.find(expected.name);
     if (!saved)
       throw CheckpointError(dsp::detail::concat("checkpoint ", dir_.string(), " has no tensor(s) ", expected.name));
     check_same_spec(*saved, expected);
-    return *saved;
   }
 
   /// The global tensor `name` (shape spec.global_shape, padding removed), assembled from the
@@ -209,7 +207,7 @@ inline GlobalCheckpoint load_global(const std::filesystem::path& dir) {
 /// the state lacks are ignored. All checks happen before any local tensor is written. Throws as
 /// check_state when the state does not fit (tp_size, tp_rank); CheckpointError when the
 /// checkpoint lacks some of the state's tensors (all named) or was saved from a different
-/// model (see CheckpointReader::matching_spec).
+/// model (see CheckpointReader::check_matches).
 inline Manifest load_into(const CheckpointReader& reader, const State& state, int tp_size, int tp_rank) {
   check_state(state, tp_size, tp_rank);
   std::string missing;
@@ -217,7 +215,7 @@ inline Manifest load_into(const CheckpointReader& reader, const State& state, in
     if (!reader.manifest().find(e.spec.name))
       missing += (missing.empty() ? "" : ", ") + e.spec.name;
     else
-      reader.matching_spec(e.spec);
+      reader.check_matches(e.spec);
   }
   if (!missing.empty())
     throw CheckpointError(dsp::detail::concat("checkpoint ", reader.dir().string(), " has no tensor(s) ", missing));

@@ -42,15 +42,18 @@ struct WholeParameters {
   bool loaded = false;
 };
 
-// Calls f(spec, moment) for both AdamW moments of optimizer parameter i: the spec is the
-// parameter's renamed "optimizer.exp_avg.<name>" / "optimizer.exp_avg_sq.<name>", the moment
-// its owned part (ZeroOptimizer::exp_avg).
+// Calls f(spec, begin, owned) for both AdamW moments of optimizer parameter i: the spec is the
+// parameter's renamed "optimizer.exp_avg.<name>" / "optimizer.exp_avg_sq.<name>", `owned` the
+// valid elements of the part this rank owns (ZeroOptimizer::exp_avg; no padding, empty for a
+// rank past the end of a small parameter), elements [begin, begin + owned.size()) of the
+// TP-local shard.
 template <class Optimizer, class F>
 void for_each_moment(Optimizer& opt, std::size_t i, F&& f) {
+  const zero::ShardRange r = opt.range(i);
   for (auto [prefix, moment] : {std::pair{"exp_avg.", &opt.exp_avg(i)}, std::pair{"exp_avg_sq.", &opt.exp_avg_sq(i)}}) {
     ShardedTensor spec = opt.parameters()[i]->spec;
     spec.name = std::string(checkpoint::optimizer_prefix) + prefix + spec.name;
-    f(spec, *moment);
+    f(spec, r.begin, std::span<float>(moment->data(), static_cast<std::size_t>(r.valid())));
   }
 }
 }  // namespace detail
@@ -65,10 +68,9 @@ checkpoint::Partition optimizer_partition(Trainer<Policy>& t) {
   auto& opt = t.optimizer();
   checkpoint::Partition out;
   for (std::size_t i = 0; i < opt.parameters().size(); ++i) {
-    const zero::ShardRange r = opt.range(i);
-    if (opt.parameters()[i]->tied_copy || r.valid() == 0 || (opt.stage() == 0 && opt.group(i).rank() != 0)) continue;
-    detail::for_each_moment(opt, i, [&](const ShardedTensor& spec, const Tensor& m) {
-      out.push_back({spec, r.begin, std::span<const float>(m.data(), static_cast<std::size_t>(r.valid()))});
+    if (opt.parameters()[i]->tied_copy || (opt.stage() == 0 && opt.group(i).rank() != 0)) continue;
+    detail::for_each_moment(opt, i, [&](const ShardedTensor& spec, std::int64_t begin, std::span<float> owned) {
+      if (!owned.empty()) out.push_back({spec, begin, owned});
     });
   }
   return out;
@@ -173,20 +175,19 @@ void load_checkpoint(const std::filesystem::path& dir, Trainer<Policy>& t) {
   auto& opt = t.optimizer();
   const int tp = t.mesh().tp_size(), tp_rank = t.mesh().tp_rank();
   for (std::size_t i = 0; i < opt.parameters().size(); ++i)  // every check before anything is written
-    detail::for_each_moment(opt, i, [&](const ShardedTensor& spec, Tensor&) { reader.matching_spec(spec); });
+    detail::for_each_moment(opt, i, [&](const ShardedTensor& spec, std::int64_t, std::span<float>) {
+      reader.check_matches(spec);
+    });
   {
     detail::WholeParameters whole(opt);
     checkpoint::load_into(reader, checkpoint::parameter_state(t.state_parameters(), checkpoint::StateUse::Load), tp,
                           tp_rank);
     whole.loaded = true;
   }
-  for (std::size_t i = 0; i < opt.parameters().size(); ++i) {
-    const zero::ShardRange r = opt.range(i);
-    if (r.valid() == 0) continue;  // a rank past the end of a small parameter owns only padding
-    detail::for_each_moment(opt, i, [&](const ShardedTensor& spec, Tensor& moment) {
-      reader.read_local(spec.name, tp, tp_rank, r.begin, std::span(moment.data(), static_cast<std::size_t>(r.valid())));
+  for (std::size_t i = 0; i < opt.parameters().size(); ++i)
+    detail::for_each_moment(opt, i, [&](const ShardedTensor& spec, std::int64_t begin, std::span<float> owned) {
+      if (!owned.empty()) reader.read_local(spec.name, tp, tp_rank, begin, owned);
     });
-  }
   opt.set_steps(m.meta.iteration);
   t.sampler().set_state(m.meta.extra.at("sampler").get<dp::DataSampler::State>());
   if (auto* scaler = t.loss_scaler(); scaler && m.meta.extra.contains("loss_scaler"))
