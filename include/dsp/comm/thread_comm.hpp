@@ -7,11 +7,13 @@
 //    its staging buffer before the barrier and reads the peers' staging buffers after it; as no
 //    rank touches a peer's own buffer, one barrier is the whole synchronisation (small
 //    collectives are all latency);
-//  - direct, for larger ones: all_reduce is the traffic-optimal one-shot algorithm, rank r
-//    reduces part r of all n buffers and writes the result into part r of every buffer (each
-//    buffer read once and written once: 2 n size bytes, the memory-bandwidth minimum), then a
-//    second barrier; reduce_scatter reduces this rank's block straight into `out`; all_gather
-//    copies the peers' blocks (pull).
+//  - direct, for larger ones: all_reduce is the traffic-optimal two-shot algorithm with the
+//    all-gather fused in, chunk by chunk: a chunk is read from all n buffers, reduced and written
+//    into every buffer (each buffer read once and written once: 2 n size bytes, the
+//    memory-bandwidth minimum); rank r owns 1/n of the chunks, and ranks that finish early
+//    take over the rest of slower ranks' (work stealing); then a second barrier.
+//    reduce_scatter reduces this rank's block straight into `out`; all_gather copies the
+//    peers' blocks (pull; large outputs with non-temporal stores, detail/streaming_copy.hpp).
 // The reduction order over ranks is fixed (rank 0, 1, ..., n-1, accumulating bf16/fp16 in fp32
 // and rounding once), so every rank gets bit-identical results whatever the path.
 //
@@ -23,6 +25,7 @@
 // their own; sends are buffered and complete at once).
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -35,6 +38,7 @@
 #include <vector>
 
 #include "dsp/comm/detail/group.hpp"
+#include "dsp/comm/detail/streaming_copy.hpp"
 #include "dsp/comm/detail/worker.hpp"
 #include "dsp/comm/reduce_op.hpp"
 #include "dsp/comm/work.hpp"
@@ -139,14 +143,37 @@ struct Endpoint {
 
   void barrier_impl() { post(OpCode::Barrier, nullptr, {}); }
 
-  // [begin, end) of rank r's part of n elements of T in the in-place all_reduce: the parts are
-  // whole 64-byte multiples of elements (counted from the start of each buffer), so two ranks
-  // write the same cache line of a buffer only where the buffer itself is not 64-byte aligned.
+  /// Largest unit of work of the direct all_reduce. Small enough that a rank which ran out of
+  /// work finds chunks to take over from a slower (descheduled, or sharing a core) peer; large
+  /// enough that claiming one (an atomic add, ~0.1 us) costs ~1% of reducing it (4 sources of
+  /// 64 KiB at ~40 GB/s: ~10 us).
+  static constexpr std::size_t kChunkBytes = std::size_t{64} << 10;
+
+  // Elements per chunk of an n-element direct all_reduce: kChunkBytes, or a 1/p share when that
+  // is smaller (so that every rank has work), in whole 64-byte lines counted from the start of
+  // each buffer, so that two ranks write the same cache line of a buffer only where the buffer
+  // itself is not 64-byte aligned. The same on every rank (it depends on n and p only).
   template <class T>
-  std::pair<std::int64_t, std::int64_t> chunk(std::int64_t n, int r) const {
+  std::int64_t chunk_elements(std::int64_t n) const {
     constexpr std::int64_t line = sizeof(T) < 64 ? 64 / static_cast<std::int64_t>(sizeof(T)) : 1;
-    const std::int64_t lines = (n + line - 1) / line, p = size();
-    return {std::min(n, lines * r / p * line), std::min(n, lines * (r + 1) / p * line)};
+    constexpr std::int64_t most = std::max<std::int64_t>(line, static_cast<std::int64_t>(kChunkBytes / sizeof(T)));
+    const std::int64_t share = (n + size() - 1) / size();
+    return std::min(most, (share + line - 1) / line * line);
+  }
+
+  /// Work stealing over `chunks` chunks shared by p ranks: owner q's chunks are
+  /// [chunks q / p, chunks (q+1) / p), claimed in order through its counter claimed(q) (zero at
+  /// the start). Rank `rank` claims its own chunks, then what is left of ranks rank+1, rank+2,
+  /// ... (mod p), calling process(chunk) for each chunk it claimed. Called once by every rank,
+  /// concurrently, each chunk is processed exactly once, whichever ranks run and when.
+  template <class Counter, class Process>
+  static void claim_chunks(int rank, int p, std::int64_t chunks, Counter claimed, Process process) {
+    for (int i = 0; i < p; ++i) {
+      const int owner = (rank + i) % p;
+      const std::int64_t first = chunks * owner / p, count = chunks * (owner + 1) / p - first;
+      std::atomic<std::int64_t>& counter = claimed(owner);
+      for (std::int64_t c; (c = counter.fetch_add(1, std::memory_order_relaxed)) < count;) process(first + c);
+    }
   }
 
   // Calls f(i) for i in [0, len): in groups of kLanes with a constant trip count, then one by
@@ -240,17 +267,24 @@ struct Endpoint {
   //    staging buffers into its own `data` (the "one-shot" algorithm of shared-memory
   //    all-reduces, e.g. vLLM's custom_all_reduce). No rank reads a peer's `data`, so there is
   //    no second barrier.
-  //  - direct (larger): rank r owns part r of the buffer (chunk()); it reads part r of all n
-  //    buffers, reduces and writes the result into part r of every rank's buffer, block by block;
-  //    a second barrier ends it. This is the "two-shot" algorithm (reduce-scatter, then
-  //    all-gather) with the all-gather fused into the reduction: each buffer is read once and
-  //    written once (2 n size bytes in all, the minimum; the lines written were just read, so
-  //    the writes need no extra reads for ownership), and all ranks work in parallel.
+  //  - direct (larger): the buffer is cut into chunks (chunk_elements()); whoever processes a
+  //    chunk reads it from all n buffers, reduces and writes the result into that chunk of every
+  //    rank's buffer, block by block; a second barrier ends it. This is the "two-shot" algorithm
+  //    (reduce-scatter, then all-gather) with the all-gather fused into the reduction: each
+  //    buffer is read once and written once (2 n size bytes in all, the minimum; the lines
+  //    written were just read, so the writes need no extra reads for ownership). Rank r owns
+  //    a contiguous 1/n of the chunks and claims them in order from its counter
+  //    (Group::claimed); a rank done with its own claims the rest of the next ranks' (r+1, r+2,
+  //    ...; claim_chunks). When every rank runs, each does mostly its own share (the static
+  //    split, with its cache locality across calls); when one is slow, because it shares a core (4 ranks on 2 cores)
+  //    or was descheduled, the others finish its share instead of waiting for it. Which rank
+  //    reduces a chunk does not change the result (the order over ranks is fixed).
   template <class T>
   void all_reduce_impl(std::span<T> data, ReduceOp op) {
     const auto n = static_cast<std::int64_t>(data.size());
     const int p = size();
     const bool eager = data.size_bytes() <= Group::kStagingBytes;
+    if (!eager) group->claimed(group->generation(), rank).store(0, std::memory_order_relaxed);  // published by post's barrier
     const auto gen = post(OpCode::AllReduce, data.data(), {n, static_cast<std::int64_t>(op), type_code<T>()}, true,
                           eager && p > 1 ? std::as_bytes(data) : std::span<const std::byte>{});
     if (p == 1) return;
@@ -262,12 +296,16 @@ struct Endpoint {
       return;
     }
     PtrArray<T*> dst(p);
-    const auto [b, e] = chunk<T>(n, rank);
-    for (int q = 0; q < p; ++q) {
-      dst.data()[q] = mutable_peer<T>(gen, q) + b;
-      src.data()[q] = dst.data()[q];
-    }
-    reduce(src.data(), p, dst.data(), p, e - b, op);
+    const std::int64_t per_chunk = chunk_elements<T>(n), chunks = (n + per_chunk - 1) / per_chunk;
+    claim_chunks(rank, p, chunks, [&](int owner) -> std::atomic<std::int64_t>& { return group->claimed(gen, owner); },
+                 [&](std::int64_t chunk) {
+                   const std::int64_t b = chunk * per_chunk, e = std::min(n, b + per_chunk);
+                   for (int q = 0; q < p; ++q) {
+                     dst.data()[q] = mutable_peer<T>(gen, q) + b;
+                     src.data()[q] = dst.data()[q];
+                   }
+                   reduce(src.data(), p, dst.data(), p, e - b, op);
+                 });
     sync_closing("all_reduce");
   }
 
@@ -300,8 +338,16 @@ struct Endpoint {
     if (!eager) sync_closing("reduce_scatter");
   }
 
-  // all_gather: every rank copies the n blocks into its own `out` (pull). In place
-  // (in == out + r x in.size()) skips this rank's own block; any other overlap is rejected.
+  /// A direct all_gather whose output is at least this large writes it with non-temporal
+  /// stores (streaming_copy): no read for ownership of lines that would not stay in the caches.
+  /// Measured on the development machine (bench_collectives, 2 and 4 ranks): streaming made
+  /// 64 MiB and 256 MiB outputs 1.2-2x faster, 1-4 MiB 1.5-3x slower (their output stays in the
+  /// L2/L3 between calls) and 16 MiB either; hence 32 MiB.
+  static constexpr std::size_t kStreamingBytes = std::size_t{32} << 20;
+
+  // all_gather: every rank copies the n blocks into its own `out` (pull), with non-temporal
+  // stores from kStreamingBytes of output. In place (in == out + r x in.size()) skips this
+  // rank's own block; any other overlap is rejected.
   // Eager (one barrier, from the staging buffers) when `in` fits the staging buffer.
   template <class T>
   void all_gather_impl(std::span<const T> in, std::span<T> out) {
@@ -316,10 +362,13 @@ struct Endpoint {
     const auto gen = post(OpCode::AllGather, in.data(), {n, 0, type_code<T>()}, true,
                           eager && p > 1 ? std::as_bytes(in) : std::span<const std::byte>{});
     const auto bytes = static_cast<std::size_t>(in.size_bytes());
+    const bool stream = !eager && out.size_bytes() >= kStreamingBytes;
     for (int q = 0; q < p; ++q) {
       if (q == rank && in_place) continue;
       const T* from = q == rank ? in.data() : eager ? staged<T>(gen, q) : peer<T>(gen, q);
-      if (bytes > 0) std::memcpy(out.data() + n * q, from, bytes);
+      if (bytes == 0) continue;
+      if (stream) streaming_copy(out.data() + n * q, from, bytes);
+      else std::memcpy(out.data() + n * q, from, bytes);
     }
     if (!eager) sync_closing("all_gather");
   }

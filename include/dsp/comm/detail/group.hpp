@@ -65,6 +65,7 @@ struct Group {
 
   Group(std::shared_ptr<Universe> u, int n)
       : universe(std::move(u)), size(n), objs(static_cast<std::size_t>(n)), slots_(2 * static_cast<std::size_t>(n)),
+        claims_(2 * static_cast<std::size_t>(n)),
         staging_(2 * static_cast<std::size_t>(n) * (kStagingBytes / sizeof(Line))) {}
 
   std::shared_ptr<Universe> universe;
@@ -87,6 +88,12 @@ struct Group {
   std::byte* staging(std::uint64_t gen, int rank) {
     return reinterpret_cast<std::byte*>(staging_.data() + index(gen, rank) * (kStagingBytes / sizeof(Line)));
   }
+
+  /// Work counter of rank `rank`'s share of a chunked collective at barrier instance `gen`: how
+  /// many of its chunks were claimed, by the rank itself or by peers that ran out of work (the
+  /// direct all_reduce of thread_comm.hpp). The rank resets it before arriving at instance gen;
+  /// peers use it only between instances gen and gen + 1: the double-buffering rule of slot().
+  std::atomic<std::int64_t>& claimed(std::uint64_t gen, int rank) { return claims_[index(gen, rank)].value; }
 
   /// Waits until all `size` ranks arrived. Throws AbortedError when another rank failed and
   /// TimeoutError (aborting the whole launch) after the universe's timeout.
@@ -164,6 +171,9 @@ struct Group {
   struct alignas(64) Line {
     std::byte b[64];
   };
+  struct alignas(64) Counter {  // one per cache line: the owner claims while peers read their slots
+    std::atomic<std::int64_t> value{0};
+  };
   // Tuning of the barrier's waiting phases (see the header comment): poll the abort flag and
   // the clock every kCheckEvery yields (~270 ns each here); sleep after kYieldFor.
   static constexpr int kCheckEvery = 16;
@@ -225,6 +235,7 @@ struct Group {
   static std::string concat(const Args&... a) { return ::dsp::detail::concat(a...); }
 
   std::vector<Slot> slots_;   // [parity][rank]
+  std::vector<Counter> claims_;  // [parity][rank]
   std::vector<Line> staging_;  // [parity][rank][kStagingBytes]
   // Waiters poll generation_ while arrivals update arrived_: separate cache lines, so that the
   // polling does not slow the arrivals down (measured: 2-rank barrier ~2.5 us -> ~0.6 us).
