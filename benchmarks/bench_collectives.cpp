@@ -11,14 +11,20 @@
 //   --tables=FILE  also writes the results as Markdown tables (one per collective, rank count
 //                  and type; rows = sizes, column groups = communicator x in/out of place, and
 //                  ThreadComm's speed-up over MpiComm), the collectives section of
-//                  benchmarks/RESULTS.md.
+//                  benchmarks/RESULTS.md. With --benchmark_repetitions=R, each row is the
+//                  median of the R runs by time. The console output is Google Benchmark's
+//                  console reporter with a column per counter and no colours
+//                  (--benchmark_format, --benchmark_color and --benchmark_counters_tabular
+//                  do not apply to it; --benchmark_out and --benchmark_out_format do).
 // Under mpiexec (OMPI_COMM_WORLD_SIZE set) with a world of W processes: MpiComm cases run at
 // n = 2 and 4 ranks (n <= W) on processes 0..n-1 (a communicator split off the world), and the
 // ThreadComm cases on n threads of process 0. Only process 0 runs Google Benchmark, prints and
 // writes the tables; before every case it broadcasts the case (MPI_Ibcast on the world) and the
 // other processes, parked in that broadcast, run their part of it. Processes without a part (all
 // of them during ThreadComm cases, processes n..W-1 during MpiComm cases) wait by MPI_Test
-// every 1 ms with a sleep in between, so they leave the cores to the ranks being measured.
+// every 10 ms with a sleep in between, so they leave the cores to the ranks being measured
+// (1 ms sleeps cost 3000 wake-ups per second on the 2 cores of the development machine
+// while microsecond-sized cases were being timed).
 // Pass --bind-to none: OpenMPI otherwise may pin process 0, and with it all ThreadComm rank
 // threads, to one core.
 //
@@ -64,12 +70,18 @@
 // In place: all_reduce always (both communicators' all_reduce is in place); reduce_scatter
 // with out = in + rank x count; all_gather with in = out + rank x count.
 //
-// copy_bandwidth/threads:T: std::memcpy of a 256 MiB buffer into another, split into T
+// copy_bandwidth/threads:T/streaming:S: a 256 MiB buffer copied into another, split into T
 // contiguous slices copied by T threads at once. Reported `GBps` = bytes read + bytes written
-// (2 x 256 MiB per iteration) / time / 1e9 -- the same convention as STREAM's "Copy". (glibc's
-// memcpy uses non-temporal stores at this size, so the destination is not read first.)
-// A shared-memory all_reduce must read and write every rank's buffer once (2 n size bytes), so
-// its busbw is at most copy GB/s x (n-1)/n^2 (see RESULTS.md).
+// (2 x 256 MiB per iteration) / time / 1e9 -- the same convention as STREAM's "Copy".
+//   S = 0: std::memcpy. Measured on the development machine, glibc's memcpy here stores through
+//          the caches: each destination line is read for ownership before it is written, so
+//          the memory moves 3 x 256 MiB while GBps counts 2.
+//   S = 1 (x86, SSE2 only): non-temporal stores (comm/detail/streaming_copy.hpp), which
+//          write the destination without reading it: what the memory delivers when every byte
+//          is read once and written once. This is the ceiling of the direct all_reduce, which writes back the
+//          lines it has just read (no read for ownership either): it reads and writes every
+//          rank's buffer once (2 n size bytes), so its busbw is at most
+//          GBps(S = 1) x (n-1)/n^2 (see RESULTS.md).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -89,6 +101,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "dsp/comm/detail/streaming_copy.hpp"
 #include "dsp/comm/launch.hpp"
 #include "dsp/core/dtype.hpp"
 #ifdef DSP_BENCH_HAVE_MPI
@@ -179,7 +192,7 @@ struct Driver {
   }
 };
 
-// One measured case; collected for --tables (the last run of a benchmark is the reported one).
+// One measured case, as Google Benchmark reports it (TableReporter); for --tables.
 struct Row {
   double time_us = 0, algbw = 0, busbw = 0;
   std::int64_t wrong = 0, batches = 0, k = 0, count = 0;
@@ -195,9 +208,21 @@ struct ColumnKey {  // column group: communicator, in place
   bool in_place;
   auto operator<=>(const ColumnKey&) const = default;
 };
-std::map<TableKey, std::map<std::int64_t, std::map<ColumnKey, Row>>>& results() {
-  static std::map<TableKey, std::map<std::int64_t, std::map<ColumnKey, Row>>> r;
+// Every reported run (one per repetition) of every case; the tables show the median by time.
+std::map<TableKey, std::map<std::int64_t, std::map<ColumnKey, std::vector<Row>>>>& results() {
+  static std::map<TableKey, std::map<std::int64_t, std::map<ColumnKey, std::vector<Row>>>> r;
   return r;
+}
+// Registered collective families by name ("ThreadComm/all_reduce/float/in_place"): the table
+// and column their runs go to (the row: the run's `ranks` and `size` counters).
+struct Family {
+  Op op;
+  std::string type, comm;
+  bool in_place;
+};
+std::map<std::string, Family>& families() {
+  static std::map<std::string, Family> f;
+  return f;
 }
 
 // How to run n ranks of a communicator. Harness<Comm>::run(case, body) calls body(link) on
@@ -260,14 +285,14 @@ MpiWorld& mpi() {
   return w;
 }
 // Every process: the next case from process 0 (MPI_Ibcast on the world). Processes other than 0
-// wait in MPI_Test with 1 ms sleeps (see the header comment).
+// wait in MPI_Test with 10 ms sleeps (see the header comment).
 Case next_case(Case cs = {}) {
   MPI_Request request = MPI_REQUEST_NULL;
   DSP_MPI_CHECK(MPI_Ibcast(&cs, sizeof cs, MPI_BYTE, 0, mpi().world->native(), &request));
   for (int done = 0;;) {
     DSP_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
     if (done) return cs;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
 }
 
@@ -416,8 +441,7 @@ void run_collective(benchmark::State& state, Case cs, std::int64_t& k_of_case) {
   row.batches = driver.batches;
   row.k = driver.k;
   row.count = count;
-  results()[{cs.op, cs.ranks, cs.type == Type::Bf16 ? "bf16" : "float"}][cs.bytes][{Harness<Comm>::name, cs.in_place != 0}] =
-      row;
+  state.counters["ranks"] = double(cs.ranks);
   state.counters["size"] = double(cs.bytes);
   state.counters["count"] = double(count);
   state.counters["time_us"] = row.time_us;
@@ -436,6 +460,7 @@ void register_collectives(const std::vector<int>& rank_counts) {
     const std::string name = std::string(Harness<Comm>::name) + "/" + op_name(op) + "/" +
                              (type == Type::Bf16 ? "bf16" : "float") + "/" + (in_place ? "in_place" : "out_of_place");
     Case cs{op, type, in_place ? 1 : 0, 0, 0};
+    families()[name] = {op, type == Type::Bf16 ? "bf16" : "float", Harness<Comm>::name, in_place};
     auto* b = benchmark::RegisterBenchmark(name.c_str(), [cs, name](benchmark::State& s) {
       static std::map<std::tuple<std::string, std::int64_t, std::int64_t>, std::int64_t> k_of;  // calibrated K
       run_collective<Comm>(s, cs, k_of[{name, s.range(0), s.range(1)}]);
@@ -453,9 +478,11 @@ void register_collectives(const std::vector<int>& rank_counts) {
 }
 
 // copy_bandwidth: see the header comment. GBps = 2 x bytes / time / 1e9.
-double copy_gbps[2] = {0, 0};  // threads 1, 2 (for --tables)
+std::vector<double> copy_gbps[2][2];  // [streaming][threads - 1]: every reported run (for --tables)
+
 void BM_copy_bandwidth(benchmark::State& state) {
   const int threads = static_cast<int>(state.range(0));
+  const bool streaming = state.range(1) != 0;
   constexpr std::size_t bytes = std::size_t{256} << 20;
   std::vector<char> src(bytes, 1), dst(bytes, 0);  // value-initialised: pages are touched
   double seconds = 0;
@@ -466,7 +493,8 @@ void BM_copy_bandwidth(benchmark::State& state) {
       pool.emplace_back([&, t] {
         const std::size_t b = bytes * std::size_t(t) / std::size_t(threads);
         const std::size_t e = bytes * std::size_t(t + 1) / std::size_t(threads);
-        std::memcpy(dst.data() + b, src.data() + b, e - b);
+        if (streaming) dsp::comm::detail::streaming_copy(dst.data() + b, src.data() + b, e - b);
+        else std::memcpy(dst.data() + b, src.data() + b, e - b);
       });
     for (auto& th : pool) th.join();
     const double dt = std::chrono::duration<double>(clock_type::now() - t0).count();
@@ -478,14 +506,22 @@ void BM_copy_bandwidth(benchmark::State& state) {
   if (dst[bytes / 2] != 1) state.SkipWithError("copy_bandwidth: destination is wrong");
   state.counters["size"] = double(bytes);
   state.counters["GBps"] = seconds > 0 ? 2.0 * double(bytes) * double(state.iterations()) / seconds / 1e9 : 0.0;
-  if (threads <= 2) copy_gbps[threads - 1] = state.counters["GBps"];
+  state.counters["threads"] = threads;
+  state.counters["streaming"] = streaming;
 }
 
 void copy_args(benchmark::internal::Benchmark* b) {
-  b->ArgName("threads");
+  b->ArgNames({"threads", "streaming"});
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  b->Arg(1);
-  if (cores > 1) b->Arg(cores);
+#ifdef __SSE2__
+  const std::vector<std::int64_t> kinds = {0, 1};
+#else
+  const std::vector<std::int64_t> kinds = {0};
+#endif
+  for (std::int64_t streaming : kinds) {
+    b->Args({1, streaming});
+    if (cores > 1) b->Args({cores, streaming});
+  }
 }
 
 std::string human(std::int64_t bytes) {
@@ -494,9 +530,61 @@ std::string human(std::int64_t bytes) {
   return std::to_string(bytes) + " B";
 }
 
+// The median of the reported runs by time (the lower middle one of an even count): with
+// --benchmark_repetitions=R, one slow repetition (a preemption on a loaded 2-core machine) does
+// not make the row.
+const Row& median(const std::vector<Row>& runs) {
+  std::vector<const Row*> by_time;
+  for (const Row& r : runs) by_time.push_back(&r);
+  std::sort(by_time.begin(), by_time.end(), [](const Row* a, const Row* b) { return a->time_us < b->time_us; });
+  return *by_time[(by_time.size() - 1) / 2];
+}
+// GB/s of the run with the median time, as median(runs) picks it (higher GB/s = less time).
+double median_gbps(std::vector<double> gbps) {
+  if (gbps.empty()) return 0;
+  std::sort(gbps.begin(), gbps.end());
+  return gbps[gbps.size() / 2];
+}
+
+// The console output, plus every reported run (not the aggregates, not runs that failed)
+// recorded for --tables from its counters.
+class TableReporter : public benchmark::ConsoleReporter {
+ public:
+  TableReporter() : ConsoleReporter(OO_Tabular) {}  // a column per counter; no colour codes
+  void ReportRuns(const std::vector<Run>& runs) override {
+    ConsoleReporter::ReportRuns(runs);
+    for (const Run& run : runs) {
+      if (run.run_type != Run::RT_Iteration || run.error_occurred) continue;
+      auto counter = [&](const char* name) {
+        auto it = run.counters.find(name);
+        return it == run.counters.end() ? 0.0 : double(it->second.value);
+      };
+      const std::string& fn = run.run_name.function_name;
+      if (fn == "copy_bandwidth") {
+        const int t = static_cast<int>(counter("threads"));
+        if (t >= 1 && t <= 2) copy_gbps[counter("streaming") != 0][t - 1].push_back(counter("GBps"));
+        continue;
+      }
+      auto family = families().find(fn);
+      if (family == families().end()) continue;
+      const Family& f = family->second;
+      Row row;
+      row.time_us = counter("time_us");
+      row.algbw = counter("algbw");
+      row.busbw = counter("busbw");
+      row.wrong = static_cast<std::int64_t>(counter("wrong"));
+      row.batches = static_cast<std::int64_t>(counter("batches"));
+      row.k = static_cast<std::int64_t>(counter("K"));
+      row.count = static_cast<std::int64_t>(counter("count"));
+      results()[{f.op, static_cast<int>(counter("ranks")), f.type}][static_cast<std::int64_t>(counter("size"))]
+               [{f.comm, f.in_place}].push_back(row);
+    }
+  }
+};
+
 // Markdown, nccl-tests' layout: size, count, type, then per column group time, algbw, busbw,
-// #wrong and ops (batches x K); when both communicators ran a variant, a last column per
-// variant: MpiComm's time / ThreadComm's time.
+// #wrong and ops (batches x K) of the median run; when both communicators ran a variant, a last
+// column per variant: MpiComm's time / ThreadComm's time.
 void write_tables(const std::string& path) {
   std::ofstream f(path);
   char cell[160];
@@ -521,22 +609,22 @@ void write_tables(const std::string& path) {
     }
     f << '\n' << rule << '\n';
     for (const auto& [size, row] : rows) {
-      f << "| " << human(size) << " | " << row.begin()->second.count << " | " << key.type << " |";
+      f << "| " << human(size) << " | " << median(row.begin()->second).count << " | " << key.type << " |";
       for (const auto& c : cols) {
         auto it = row.find(c);
         if (it == row.end()) {
           f << " | | | | |";
           continue;
         }
-        const Row& r = it->second;
+        const Row& r = median(it->second);
         std::snprintf(cell, sizeof cell, " %.1f | %.3f | %.3f | %lld | %lldx%lld |", r.time_us, r.algbw, r.busbw,
                       static_cast<long long>(r.wrong), static_cast<long long>(r.batches), static_cast<long long>(r.k));
         f << cell;
       }
       for (bool ip : ratios) {
         auto m = row.find({"MpiComm", ip}), t = row.find({"ThreadComm", ip});
-        if (m != row.end() && t != row.end() && t->second.time_us > 0) {
-          std::snprintf(cell, sizeof cell, " %.2fx |", m->second.time_us / t->second.time_us);
+        if (m != row.end() && t != row.end() && median(t->second).time_us > 0) {
+          std::snprintf(cell, sizeof cell, " %.2fx |", median(m->second).time_us / median(t->second).time_us);
           f << cell;
         } else {
           f << " |";
@@ -545,13 +633,18 @@ void write_tables(const std::string& path) {
       f << '\n';
     }
   }
-  if (copy_gbps[0] > 0) {
-    f << "\n#### copy_bandwidth (memcpy of 256 MiB; GB/s = (bytes read + written) / time / 1e9)\n\n"
-      << "| threads | GB/s |\n| ---: | ---: |\n";
+  if (!copy_gbps[0][0].empty()) {
+    f << "\n#### copy_bandwidth (256 MiB; GB/s = (bytes read + written) / time / 1e9)\n\n"
+      << "| threads | memcpy GB/s | non-temporal stores GB/s |\n| ---: | ---: | ---: |\n";
     for (int t = 0; t < 2; ++t)
-      if (copy_gbps[t] > 0) {
-        std::snprintf(cell, sizeof cell, "| %d | %.2f |\n", t + 1, copy_gbps[t]);
+      if (!copy_gbps[0][t].empty()) {
+        std::snprintf(cell, sizeof cell, "| %d | %.2f | ", t + 1, median_gbps(copy_gbps[0][t]));
         f << cell;
+        if (!copy_gbps[1][t].empty()) {
+          std::snprintf(cell, sizeof cell, "%.2f", median_gbps(copy_gbps[1][t]));
+          f << cell;
+        }
+        f << " |\n";
       }
   }
 }
@@ -571,7 +664,8 @@ int run_benchmarks(int argc, char** argv, const std::string& tables, const std::
       ->Unit(benchmark::kMillisecond);
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  benchmark::RunSpecifiedBenchmarks();
+  TableReporter reporter;
+  benchmark::RunSpecifiedBenchmarks(&reporter);
   benchmark::Shutdown();
   if (!tables.empty()) write_tables(tables);
   return 0;
@@ -586,6 +680,15 @@ int main(int argc, char** argv) {
     const std::string a = argv[i];
     if (a.rfind("--tables=", 0) == 0) tables = a.substr(9);
     else argv[kept++] = argv[i];
+  }
+  // The tables are built from the individual runs, which these flags keep from the reporter.
+  for (int i = 1; i < kept; ++i) {
+    const std::string a = argv[i];
+    for (const char* flag : {"--benchmark_report_aggregates_only", "--benchmark_display_aggregates_only"})
+      if (!tables.empty() && a.rfind(flag, 0) == 0 && a != std::string(flag) + "=false") {
+        std::fprintf(stderr, "bench_collectives: --tables needs the individual runs; drop %s\n", flag);
+        return 2;
+      }
   }
   argc = kept;
 #ifdef DSP_BENCH_HAVE_MPI
