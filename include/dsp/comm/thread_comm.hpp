@@ -276,15 +276,17 @@ struct Endpoint {
   //    a contiguous 1/n of the chunks and claims them in order from its counter
   //    (Group::claimed); a rank done with its own claims the rest of the next ranks' (r+1, r+2,
   //    ...; claim_chunks). When every rank runs, each does mostly its own share (the static
-  //    split, with its cache locality across calls); when one is slow, because it shares a core (4 ranks on 2 cores)
-  //    or was descheduled, the others finish its share instead of waiting for it. Which rank
-  //    reduces a chunk does not change the result (the order over ranks is fixed).
+  //    split, with its cache locality across calls); when one is slow, because it shares a
+  //    core (4 ranks on 2 cores) or was descheduled, the others finish its share instead of
+  //    waiting for it. Which rank reduces a chunk does not change the result (the order over
+  //    ranks is fixed).
   template <class T>
   void all_reduce_impl(std::span<T> data, ReduceOp op) {
     const auto n = static_cast<std::int64_t>(data.size());
     const int p = size();
     const bool eager = data.size_bytes() <= Group::kStagingBytes;
-    if (!eager) group->claimed(group->generation(), rank).store(0, std::memory_order_relaxed);  // published by post's barrier
+    // This rank's work counter for the coming barrier instance, published by post's barrier.
+    if (!eager) group->claimed(group->generation(), rank).store(0, std::memory_order_relaxed);
     const auto gen = post(OpCode::AllReduce, data.data(), {n, static_cast<std::int64_t>(op), type_code<T>()}, true,
                           eager && p > 1 ? std::as_bytes(data) : std::span<const std::byte>{});
     if (p == 1) return;
@@ -340,7 +342,8 @@ struct Endpoint {
 
   /// A direct all_gather whose output is at least this large writes it with non-temporal
   /// stores (streaming_copy): no read for ownership of lines that would not stay in the caches.
-  /// Measured on the development machine (bench_collectives, 2 and 4 ranks): streaming made
+  /// Measured on the development machine ("machine B" of benchmarks/RESULTS.md: AMD EPYC,
+  /// 32 MiB L3; bench_collectives, 2 and 4 ranks): streaming made
   /// 64 MiB and 256 MiB outputs 1.2-2x faster, 1-4 MiB 1.5-3x slower (their output stays in the
   /// L2/L3 between calls) and 16 MiB either; hence 32 MiB.
   static constexpr std::size_t kStreamingBytes = std::size_t{32} << 20;
