@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 
 #include "dsp/backend/host/elementwise.hpp"
@@ -63,18 +64,29 @@ TEST_CASE("gemm with beta = 0 ignores NaN in C, and k = 0 gives beta * C") {
                   dsp::Error);  // lda < k
 }
 
-TEST_CASE("gemm sets OpenBLAS to threads_per_rank() threads and follows changes") {
+TEST_CASE("gemm sets OpenBLAS to threads_per_rank() threads, capped by OPENBLAS_NUM_THREADS, and follows changes") {
+  // The expected count from the environment, computed here independently of blas_threads().
+  const char* env = std::getenv("OPENBLAS_NUM_THREADS");
+  const int cap = env != nullptr && std::atoi(env) > 0 ? std::atoi(env) : 0;
+  auto expected = [&] { return cap > 0 ? std::min(dsp::threads_per_rank(), cap) : dsp::threads_per_rank(); };
   const auto a = random_vector(4, 6);
   std::vector<float> c(4);
   gemm(Host{}, false, false, 2, 2, 2, 1.0f, a.data(), 2, a.data(), 2, 0.0f, c.data(), 2);
-  CHECK(openblas_get_num_threads() == dsp::threads_per_rank());
+  CHECK(openblas_get_num_threads() == expected());
   {
     const dsp::RanksPerProcess many(1024);  // more ranks than cores: one thread each
     gemm(Host{}, false, false, 2, 2, 2, 1.0f, a.data(), 2, a.data(), 2, 0.0f, c.data(), 2);
     CHECK(openblas_get_num_threads() == 1);
   }
   gemm(Host{}, false, false, 2, 2, 2, 1.0f, a.data(), 2, a.data(), 2, 0.0f, c.data(), 2);
-  CHECK(openblas_get_num_threads() == dsp::threads_per_rank());
+  CHECK(openblas_get_num_threads() == expected());
+  // The cap's parsing: unset, zero, negative and non-numbers mean no cap.
+  using dsp::backend::detail::blas_threads_cap;
+  CHECK(blas_threads_cap(nullptr) == 0);
+  CHECK(blas_threads_cap("3") == 3);
+  CHECK(blas_threads_cap("0") == 0);
+  CHECK(blas_threads_cap("-2") == 0);
+  CHECK(blas_threads_cap("many") == 0);
 }
 
 TEST_CASE("linear forward is x w^T and its gradients match finite differences") {

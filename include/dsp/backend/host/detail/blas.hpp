@@ -19,25 +19,27 @@ inline blasint blas_int(std::int64_t v) {
   return static_cast<blasint>(v);
 }
 
-/// OpenBLAS's own cap on its threads: OPENBLAS_NUM_THREADS when set to a positive number, as
-/// OpenBLAS users expect it to be honoured; otherwise none (0). Read once.
-inline int blas_threads_cap() {
-  static const int cap = [] {
-    const char* v = std::getenv("OPENBLAS_NUM_THREADS");
-    const int n = v != nullptr ? std::atoi(v) : 0;
-    return n > 0 ? n : 0;
-  }();
-  return cap;
+/// A cap on OpenBLAS's threads from the value of OPENBLAS_NUM_THREADS (nullptr: unset): the
+/// number when it is positive, else 0 (no cap). dsp honours it, as OpenBLAS users expect.
+inline int blas_threads_cap(const char* value) {
+  const int n = value != nullptr ? std::atoi(value) : 0;
+  return n > 0 ? n : 0;
 }
 
-/// Makes OpenBLAS use dsp::threads_per_rank() threads, at most blas_threads_cap(). Call before
+/// BLAS threads for this rank: threads_per_rank(), at most OPENBLAS_NUM_THREADS (read once).
+inline int blas_threads() {
+  static const int cap = blas_threads_cap(std::getenv("OPENBLAS_NUM_THREADS"));
+  return cap > 0 ? std::min(threads_per_rank(), cap) : threads_per_rank();
+}
+
+/// Makes OpenBLAS use blas_threads() threads. Call before
 /// every CBLAS call: ranks running as threads change threads_per_rank(), and OpenBLAS's thread
 /// count is process-wide. The last value set is cached behind a mutex so that
 /// openblas_set_num_threads (which rebuilds OpenBLAS's pool) runs only when the value changes.
 inline void use_blas_threads() {
   static std::mutex mutex;
   static int current = 0;
-  const int wanted = blas_threads_cap() > 0 ? std::min(threads_per_rank(), blas_threads_cap()) : threads_per_rank();
+  const int wanted = blas_threads();
   const std::lock_guard lock(mutex);
   if (wanted != current) {
     openblas_set_num_threads(wanted);
