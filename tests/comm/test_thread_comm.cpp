@@ -459,6 +459,7 @@ TEST_CASE("claim_chunks processes every chunk exactly once, whichever ranks run"
         std::vector<int> times(static_cast<std::size_t>(chunks), 0);
         for (std::int64_t c : order) ++times[std::size_t(c)];
         CHECK(std::count(times.begin(), times.end(), 1) == chunks);
+        REQUIRE(static_cast<std::int64_t>(order.size()) == chunks);
         const std::int64_t own = chunks * (alone + 1) / p - chunks * alone / p;
         for (std::int64_t i = 0; i < own; ++i) CHECK(order[std::size_t(i)] == chunks * alone / p + i);
       }
