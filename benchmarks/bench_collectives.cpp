@@ -78,9 +78,9 @@
 //          the memory moves 3 x 256 MiB while GBps counts 2.
 //   S = 1 (x86, SSE2 only): non-temporal stores (comm/detail/streaming_copy.hpp), which
 //          write the destination without reading it: what the memory delivers when every byte
-//          is read once and written once. This is the ceiling of the direct all_reduce, which writes back the
-//          lines it has just read (no read for ownership either): it reads and writes every
-//          rank's buffer once (2 n size bytes), so its busbw is at most
+//          is read once and written once. This is the ceiling of the direct all_reduce, which
+//          writes back the lines it has just read (no read for ownership either): it reads and
+//          writes every rank's buffer once (2 n size bytes), so its busbw is at most
 //          GBps(S = 1) x (n-1)/n^2 (see RESULTS.md).
 #include <benchmark/benchmark.h>
 

@@ -343,9 +343,9 @@ struct Endpoint {
   /// A direct all_gather whose output is at least this large writes it with non-temporal
   /// stores (streaming_copy): no read for ownership of lines that would not stay in the caches.
   /// Measured on the development machine ("machine B" of benchmarks/RESULTS.md: AMD EPYC,
-  /// 32 MiB L3; bench_collectives, 2 and 4 ranks): streaming made
-  /// 64 MiB and 256 MiB outputs 1.2-2x faster, 1-4 MiB 1.5-3x slower (their output stays in the
-  /// L2/L3 between calls) and 16 MiB either; hence 32 MiB.
+  /// 32 MiB L3; bench_collectives, 2 and 4 ranks): streaming made 64 MiB and 256 MiB outputs
+  /// 1.2-2x faster, 1-4 MiB 1.5-3x slower (their output stays in the L2/L3 between calls) and
+  /// 16 MiB either; hence 32 MiB.
   static constexpr std::size_t kStreamingBytes = std::size_t{32} << 20;
 
   // all_gather: every rank copies the n blocks into its own `out` (pull), with non-temporal
