@@ -5,20 +5,28 @@
 
 #include <cmath>
 #include <map>
+#include <span>
 #include <string>
 
 #include "dsp/core/tensor.hpp"
 
 namespace dsp::test {
 
-inline double relative_error(const Tensor& a, const Tensor& b) {
-  REQUIRE(a.shape() == b.shape());
+inline double relative_error(std::span<const float> a, std::span<const float> b) {
+  REQUIRE(a.size() == b.size());
   double d = 0, n = 0;
-  for (std::int64_t i = 0; i < a.numel(); ++i) {
+  for (std::size_t i = 0; i < a.size(); ++i) {
     d += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
     n += double(b[i]) * b[i];
   }
   return std::sqrt(d / n);
+}
+
+/// The same over two tensors of one shape.
+inline double relative_error(const Tensor& a, const Tensor& b) {
+  REQUIRE(a.shape() == b.shape());
+  return relative_error(std::span<const float>(a.data(), std::size_t(a.numel())),
+                        std::span<const float>(b.data(), std::size_t(b.numel())));
 }
 
 /// The same over named tensors (e.g. every gathered parameter of a model): one norm over all of

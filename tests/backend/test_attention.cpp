@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "dsp/backend/host/attention.hpp"
+#include "dsp/backend/attention.hpp"
 #include "gradcheck.hpp"
 
 using dsp::backend::Host;

@@ -10,7 +10,7 @@
 
 #include "dsp/backend/host/elementwise.hpp"
 #include "dsp/backend/host/gemm.hpp"
-#include "dsp/backend/host/linear.hpp"
+#include "dsp/backend/linear.hpp"
 #include "dsp/core/threads.hpp"
 #include "gradcheck.hpp"
 

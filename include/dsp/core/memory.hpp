@@ -79,13 +79,20 @@ inline ThreadState& thread_state() {
   return s;
 }
 
-inline void add(Category c, std::int64_t bytes) {
-  Snapshot& s = thread_state().counters;
+/// Adds `bytes` (negative: frees) to category c and to the total of `s`, raising their peaks.
+/// Also the device counters' arithmetic (backend/cuda/memory.hpp).
+inline void add(Snapshot& s, Category c, std::int64_t bytes) {
   Counter& k = s.categories[static_cast<std::size_t>(c)];
   k.live += bytes;
   k.peak = std::max(k.peak, k.live);
   s.total.live += bytes;
   s.total.peak = std::max(s.total.peak, s.total.live);
+}
+
+/// Sets every peak of `s` (categories and total) to its live bytes.
+inline void reset_peak(Snapshot& s) {
+  for (Counter& c : s.categories) c.peak = c.live;
+  s.total.peak = s.total.live;
 }
 
 }  // namespace detail
@@ -98,11 +105,7 @@ inline std::int64_t live_bytes() { return detail::thread_state().counters.total.
 /// the last reset_peak().
 inline std::int64_t peak_bytes() { return detail::thread_state().counters.total.peak; }
 /// Starts a new peak measurement, of every category and of the total, at the live bytes.
-inline void reset_peak() {
-  Snapshot& s = detail::thread_state().counters;
-  for (Counter& c : s.categories) c.peak = c.live;
-  s.total.peak = s.total.live;
-}
+inline void reset_peak() { detail::reset_peak(detail::thread_state().counters); }
 
 /// The calling thread's current category: the innermost CategoryScope's, Workspace outside any.
 inline Category current_category() { return detail::thread_state().current; }
@@ -145,11 +148,11 @@ class CountingAllocator {
 
   T* allocate(std::size_t n) {
     T* p = std::allocator<T>{}.allocate(n);
-    detail::add(category_, static_cast<std::int64_t>(n * sizeof(T)));
+    detail::add(detail::thread_state().counters, category_, static_cast<std::int64_t>(n * sizeof(T)));
     return p;
   }
   void deallocate(T* p, std::size_t n) noexcept {
-    detail::add(category_, -static_cast<std::int64_t>(n * sizeof(T)));
+    detail::add(detail::thread_state().counters, category_, -static_cast<std::int64_t>(n * sizeof(T)));
     std::allocator<T>{}.deallocate(p, n);
   }
   template <class U>

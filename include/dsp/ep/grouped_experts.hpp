@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "dsp/backend/host/linear.hpp"
+#include "dsp/backend/linear.hpp"
 #include "dsp/backend/host/swiglu.hpp"
 #include "dsp/core/error.hpp"
 #include "dsp/model/activation_precision.hpp"

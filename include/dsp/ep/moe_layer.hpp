@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "dsp/backend/host/elementwise.hpp"
-#include "dsp/backend/host/linear.hpp"
+#include "dsp/backend/linear.hpp"
 #include "dsp/comm/communicator.hpp"
 #include "dsp/ep/balance.hpp"
 #include "dsp/ep/capacity.hpp"

@@ -10,7 +10,7 @@
 #include <span>
 #include <string>
 
-#include "dsp/backend/host/attention.hpp"
+#include "dsp/backend/attention.hpp"
 #include "dsp/backend/host/copy_columns.hpp"
 #include "dsp/backend/host/elementwise.hpp"
 #include "dsp/backend/host/rope.hpp"

@@ -5,7 +5,7 @@
 // all-reduce of dX). No bias (DeepSeek and Llama projections have none).
 #include <memory>
 
-#include "dsp/backend/host/linear.hpp"
+#include "dsp/backend/linear.hpp"
 #include "dsp/model/parameter.hpp"
 #include "dsp/tp/mappings.hpp"
 

@@ -6,7 +6,7 @@
 // one backward.
 #include <memory>
 
-#include "dsp/backend/host/linear.hpp"
+#include "dsp/backend/linear.hpp"
 #include "dsp/model/parameter.hpp"
 #include "dsp/tp/mappings.hpp"
 

@@ -1,5 +1,8 @@
 #pragma once
 // The host (CPU) backend tag.
+#include <cstddef>
+#include <cstdint>
+#include <vector>
 
 namespace dsp::backend {
 
@@ -8,5 +11,10 @@ namespace dsp::backend {
 /// Host ops work on fp32, row-major, contiguous host memory through raw pointers; scratch
 /// memory they need is allocated per call (never per element).
 struct Host {};
+
+/// n zeroed floats of per-call scratch for an op written for every backend (attention's score
+/// matrix, say), freed with the returned vector. Not counted in the memory ledger, like the host
+/// ops' other per-call scratch.
+inline std::vector<float> scratch(Host, std::int64_t n) { return std::vector<float>(static_cast<std::size_t>(n)); }
 
 }  // namespace dsp::backend

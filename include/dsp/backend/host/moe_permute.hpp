@@ -88,31 +88,43 @@ inline void combine_rows_backward(Host, const float* rows, const float* weights,
   }
 }
 
+namespace detail {
+/// Row offsets of the blocks counts [sources, experts] (index s * experts + e) when the rows
+/// are stored source-major (for each source, its experts in order) and expert-major (for each
+/// expert, its sources in order).
+struct RegroupOffsets {
+  std::vector<std::int64_t> source_major, expert_major;
+};
+inline RegroupOffsets regroup_offsets(const std::int64_t* counts, std::int64_t sources, std::int64_t experts) {
+  RegroupOffsets o{std::vector<std::int64_t>(static_cast<std::size_t>(sources * experts)),
+                   std::vector<std::int64_t>(static_cast<std::size_t>(sources * experts))};
+  std::int64_t off = 0;
+  for (std::int64_t s = 0; s < sources; ++s)
+    for (std::int64_t e = 0; e < experts; ++e) {
+      o.source_major[static_cast<std::size_t>(s * experts + e)] = off;
+      off += counts[s * experts + e];
+    }
+  off = 0;
+  for (std::int64_t e = 0; e < experts; ++e)
+    for (std::int64_t s = 0; s < sources; ++s) {
+      o.expert_major[static_cast<std::size_t>(s * experts + e)] = off;
+      off += counts[s * experts + e];
+    }
+  return o;
+}
+}  // namespace detail
+
 /// Regroups rows held as blocks counts [sources, experts] (the rows from each source, per
 /// expert): source-major (for each source, its experts in order) to expert-major (for each
 /// expert, its sources in order) when to_expert_major, else back. in and out are [sum counts,
 /// hidden] and must not alias.
 inline void regroup_rows(Host, const float* in, const std::int64_t* counts, std::int64_t sources,
                          std::int64_t experts, std::int64_t hidden, bool to_expert_major, float* out) {
-  // Row offset of block (s, e) in source-major and in expert-major order.
-  std::vector<std::int64_t> src_major(static_cast<std::size_t>(sources * experts)),
-      exp_major(static_cast<std::size_t>(sources * experts));
-  std::int64_t off = 0;
-  for (std::int64_t s = 0; s < sources; ++s)
-    for (std::int64_t e = 0; e < experts; ++e) {
-      src_major[static_cast<std::size_t>(s * experts + e)] = off;
-      off += counts[s * experts + e];
-    }
-  off = 0;
-  for (std::int64_t e = 0; e < experts; ++e)
-    for (std::int64_t s = 0; s < sources; ++s) {
-      exp_major[static_cast<std::size_t>(s * experts + e)] = off;
-      off += counts[s * experts + e];
-    }
-  for (std::size_t b = 0; b < src_major.size(); ++b) {
+  const detail::RegroupOffsets o = detail::regroup_offsets(counts, sources, experts);
+  for (std::size_t b = 0; b < o.source_major.size(); ++b) {
     if (counts[b] == 0) continue;  // an empty tensor's data() may be null
-    const std::int64_t from = to_expert_major ? src_major[b] : exp_major[b];
-    const std::int64_t to = to_expert_major ? exp_major[b] : src_major[b];
+    const std::int64_t from = to_expert_major ? o.source_major[b] : o.expert_major[b];
+    const std::int64_t to = to_expert_major ? o.expert_major[b] : o.source_major[b];
     std::memcpy(out + to * hidden, in + from * hidden, static_cast<std::size_t>(counts[b] * hidden) * sizeof(float));
   }
 }

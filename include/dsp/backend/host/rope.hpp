@@ -7,11 +7,17 @@
 #include <vector>
 
 #include "dsp/backend/host/host.hpp"
+#include "dsp/core/host_device.hpp"
 #include "dsp/core/error.hpp"
 
 namespace dsp::backend {
 
 namespace detail {
+/// inv_freq[i] = theta^(-2i/head_dim), in fp64: the rotation speed of pair i.
+DSP_HOST_DEVICE inline double rope_inv_freq(std::int64_t i, std::int64_t head_dim, float theta) {
+  return std::pow(static_cast<double>(theta), -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
+}
+
 /// Rotates every pair of x [tokens, heads, head_dim] by sign * angle into y (y == x allowed).
 /// Angles and their sin/cos are computed in fp64 (Hugging Face computes them in fp32; the
 /// two differ by at most about position * 2^-24 radians).
@@ -20,8 +26,7 @@ inline void rope_rotate(const float* x, const std::int32_t* positions, std::int6
   DSP_CHECK(head_dim % 2 == 0, "rope: head_dim must be even, got ", head_dim);
   const std::int64_t half = head_dim / 2;
   std::vector<double> inv_freq(static_cast<std::size_t>(half));
-  for (std::int64_t i = 0; i < half; ++i)
-    inv_freq[i] = std::pow(static_cast<double>(theta), -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
+  for (std::int64_t i = 0; i < half; ++i) inv_freq[i] = rope_inv_freq(i, head_dim, theta);
   std::vector<float> cos_t(static_cast<std::size_t>(half)), sin_t(static_cast<std::size_t>(half));
   for (std::int64_t t = 0; t < tokens; ++t) {
     for (std::int64_t i = 0; i < half; ++i) {

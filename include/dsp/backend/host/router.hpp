@@ -10,13 +10,74 @@
 #include <cstdint>
 #include <limits>
 #include <numeric>
-#include <utility>
 #include <vector>
 
 #include "dsp/backend/host/host.hpp"
+#include "dsp/core/host_device.hpp"
 #include "dsp/core/error.hpp"
 
 namespace dsp::backend {
+
+namespace detail {
+
+/// True when index a ranks before index b in v: a higher value, or an equal value and a lower
+/// index (a strict total order on indices, also for -inf values).
+DSP_HOST_DEVICE inline bool ranks_before(const float* v, std::int64_t a, std::int64_t b) {
+  return v[a] > v[b] || (v[a] == v[b] && a < b);
+}
+
+/// out [k] = the k first indices of v [n] in ranks_before order, best first, by k selection
+/// passes (each picks the best index ranking after the previous pick): O(k n), no scratch, the
+/// same result as a partial sort with that order. Requires k <= n.
+DSP_HOST_DEVICE inline void select_top(const float* v, std::int64_t n, std::int64_t k, std::int32_t* out) {
+  for (std::int64_t r = 0; r < k; ++r) {
+    std::int64_t best = -1;
+    for (std::int64_t i = 0; i < n; ++i) {
+      if (r > 0 && !ranks_before(v, out[r - 1], i)) continue;  // picked already
+      if (best < 0 || ranks_before(v, i, best)) best = i;
+    }
+    out[r] = static_cast<std::int32_t>(best);
+  }
+}
+
+/// One token of router_topk (its contract below): chosen [top_k] from scores [experts], with
+/// scratch biased [experts], group_score [groups] and group_order [groups]. Returns the first
+/// expert whose biased score is NaN (nothing chosen then), or -1. Shared by the Host and CUDA ops.
+DSP_HOST_DEVICE inline std::int64_t route_token(const float* scores, const float* bias, std::int64_t experts,
+                                                std::int64_t groups, std::int64_t group_topk, std::int64_t top_k,
+                                                float* biased, float* group_score, std::int32_t* group_order,
+                                                std::int32_t* chosen) {
+  for (std::int64_t e = 0; e < experts; ++e) {
+    biased[e] = scores[e] + (bias ? bias[e] : 0.0f);
+    if (biased[e] != biased[e]) return e;  // NaN
+  }
+  if (group_topk < groups) {
+    const std::int64_t per_group = experts / groups;
+    for (std::int64_t g = 0; g < groups; ++g) {
+      float first = -INFINITY, second = -INFINITY;
+      for (std::int64_t e = g * per_group; e < (g + 1) * per_group; ++e) {
+        if (biased[e] > first) {
+          second = first;
+          first = biased[e];
+        } else if (biased[e] > second) {
+          second = biased[e];
+        }
+      }
+      group_score[g] = per_group >= 2 ? first + second : first;
+    }
+    select_top(group_score, groups, group_topk, group_order);
+    for (std::int64_t g = 0; g < groups; ++g) {
+      bool kept = false;
+      for (std::int64_t r = 0; r < group_topk; ++r) kept = kept || group_order[r] == g;
+      if (!kept)
+        for (std::int64_t e = g * per_group; e < (g + 1) * per_group; ++e) biased[e] = -INFINITY;
+    }
+  }
+  select_top(biased, experts, top_k, chosen);
+  return -1;
+}
+
+}  // namespace detail
 
 /// chosen [tokens, top_k] = per token, the top_k experts by biased score scores[e] + bias[e]
 /// (scores [tokens, experts]; bias [experts] or nullptr for none), best first, ties to the lower
@@ -28,35 +89,13 @@ namespace dsp::backend {
 /// caller validates). Throws Error for a NaN biased score. Overwrites chosen.
 inline void router_topk(Host, const float* scores, const float* bias, std::int64_t tokens, std::int64_t experts,
                         std::int64_t groups, std::int64_t group_topk, std::int64_t top_k, std::int32_t* chosen) {
-  const std::int64_t per_group = experts / groups;
-  const float neg_inf = -std::numeric_limits<float>::infinity();
-  std::vector<float> biased(experts), group_score(groups);
-  std::vector<std::int32_t> order(std::max(experts, groups));
-  const auto better = [](const std::vector<float>& v) {
-    return [&v](std::int32_t a, std::int32_t b) { return v[a] > v[b] || (v[a] == v[b] && a < b); };
-  };
+  std::vector<float> biased(static_cast<std::size_t>(experts)), group_score(static_cast<std::size_t>(groups));
+  std::vector<std::int32_t> group_order(static_cast<std::size_t>(groups));
   for (std::int64_t t = 0; t < tokens; ++t) {
-    for (std::int64_t e = 0; e < experts; ++e) {
-      biased[e] = scores[t * experts + e] + (bias ? bias[e] : 0.0f);
-      DSP_CHECK(!std::isnan(biased[e]), "router: NaN score for token ", t, " expert ", e);
-    }
-    if (group_topk < groups) {
-      for (std::int64_t g = 0; g < groups; ++g) {
-        float first = neg_inf, second = neg_inf;
-        for (std::int64_t e = g * per_group; e < (g + 1) * per_group; ++e) {
-          if (biased[e] > first) second = std::exchange(first, biased[e]);
-          else if (biased[e] > second) second = biased[e];
-        }
-        group_score[g] = per_group >= 2 ? first + second : first;
-      }
-      std::iota(order.begin(), order.begin() + groups, 0);
-      std::partial_sort(order.begin(), order.begin() + group_topk, order.begin() + groups, better(group_score));
-      for (std::int64_t i = group_topk; i < groups; ++i)
-        std::fill_n(biased.begin() + order[i] * per_group, per_group, neg_inf);
-    }
-    std::iota(order.begin(), order.begin() + experts, 0);
-    std::partial_sort(order.begin(), order.begin() + top_k, order.begin() + experts, better(biased));
-    std::copy_n(order.begin(), top_k, chosen + t * top_k);
+    const std::int64_t nan_expert = detail::route_token(scores + t * experts, bias, experts, groups, group_topk, top_k,
+                                                        biased.data(), group_score.data(), group_order.data(),
+                                                        chosen + t * top_k);
+    DSP_CHECK(nan_expert < 0, "router: NaN score for token ", t, " expert ", nan_expert);
   }
 }
 

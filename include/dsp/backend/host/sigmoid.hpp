@@ -4,12 +4,13 @@
 #include <cstdint>
 
 #include "dsp/backend/host/host.hpp"
+#include "dsp/core/host_device.hpp"
 
 namespace dsp::backend {
 
 namespace detail {
 /// 1 / (1 + e^-x); saturates to exactly 0 or 1 for |x| > ~88 without producing NaN.
-inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+DSP_HOST_DEVICE inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 }  // namespace detail
 
 /// y [n] = 1 / (1 + exp(-x [n])). Overwrites y; y == x allowed.

@@ -30,6 +30,17 @@ inline void softmax_forward(Host, const float* x, std::int64_t rows, std::int64_
   }
 }
 
+/// Causal softmax in place over p [rows, cols] (attention scores: a query per row, a key per
+/// column): row i is softmax_forward over its first clamp(positions[i] + 1, 0, cols) columns,
+/// the keys query i may see, and exactly 0 beyond them.
+inline void causal_softmax_forward(Host h, float* p, std::int64_t rows, std::int64_t cols,
+                                   const std::int32_t* positions) {
+  for (std::int64_t i = 0; i < rows; ++i) {
+    const std::int64_t visible = std::clamp<std::int64_t>(positions[i] + 1, 0, cols);
+    softmax_forward(h, p + i * cols, 1, cols, visible, p + i * cols);
+  }
+}
+
 /// dx [rows, cols] = y * (dy - sum_j y[j] dy[j]) per row, the softmax Jacobian-vector
 /// product from the forward's output y [rows, cols] and dy [rows, cols]; masked columns
 /// (y == 0) get exactly 0. Overwrites dx; dx == dy allowed.

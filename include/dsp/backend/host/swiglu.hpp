@@ -5,8 +5,22 @@
 
 #include "dsp/backend/host/host.hpp"
 #include "dsp/backend/host/sigmoid.hpp"
+#include "dsp/core/host_device.hpp"
 
 namespace dsp::backend {
+
+namespace detail {
+/// silu(g) * u with silu(g) = g * sigmoid(g): one element of swiglu_forward.
+DSP_HOST_DEVICE inline float swiglu(float g, float u) { return g * sigmoid(g) * u; }
+/// One element of swiglu_backward: the gradients of swiglu(g, u) for upstream gradient d.
+struct SwigluGrad {
+  float gate, up;
+};
+DSP_HOST_DEVICE inline SwigluGrad swiglu_grad(float g, float u, float d) {
+  const float s = sigmoid(g);
+  return {d * u * s * (1.0f + g * (1.0f - s)), d * g * s};
+}
+}  // namespace detail
 
 /// out [tokens, ffn] = silu(g) * u where gate_up [tokens, 2*ffn] holds g = gate_up[t, 0:ffn]
 /// and u = gate_up[t, ffn:2ffn] per row, silu(g) = g * sigmoid(g). Overwrites out.
@@ -15,7 +29,7 @@ inline void swiglu_forward(Host, const float* gate_up, std::int64_t tokens, std:
     const float* g = gate_up + t * 2 * ffn;
     const float* u = g + ffn;
     float* o = out + t * ffn;
-    for (std::int64_t j = 0; j < ffn; ++j) o[j] = g[j] * detail::sigmoid(g[j]) * u[j];
+    for (std::int64_t j = 0; j < ffn; ++j) o[j] = detail::swiglu(g[j], u[j]);
   }
 }
 
@@ -31,9 +45,9 @@ inline void swiglu_backward(Host, const float* gate_up, const float* dout, std::
     float* dg = dgate_up + t * 2 * ffn;
     float* du = dg + ffn;
     for (std::int64_t j = 0; j < ffn; ++j) {
-      const float s = detail::sigmoid(g[j]);
-      dg[j] = d[j] * u[j] * s * (1.0f + g[j] * (1.0f - s));
-      du[j] = d[j] * g[j] * s;
+      const detail::SwigluGrad grad = detail::swiglu_grad(g[j], u[j], d[j]);
+      dg[j] = grad.gate;
+      du[j] = grad.up;
     }
   }
 }

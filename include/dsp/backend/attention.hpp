@@ -1,19 +1,19 @@
 #pragma once
 // Causal scaled-dot-product attention (Vaswani et al. 2017) with grouped-query attention
 // (GQA, Ainslie et al. 2023) and a KV cache: per (batch, q head) two GEMMs around a masked
-// row softmax, S = scale Q K^T, P = softmax(S), O = P V.
+// row softmax, S = scale Q K^T, P = softmax(S), O = P V. Written once for every backend from
+// its ops (gemm, causal_softmax_forward, softmax_backward, scratch), found by
+// argument-dependent lookup on the backend tag: the Host ops come with this header, the CUDA
+// ones with backend/cuda/attention.cuh.
 //
 // Shapes: q, out [batch, q_len, q_heads, head_dim]; k, v [batch, kv_len, kv_heads, head_dim];
 // probs [batch, q_heads, q_len, kv_len]; q_positions [batch * q_len].
 // Query head h reads kv head h / (q_heads / kv_heads). Query (b, i) attends keys
 // j <= q_positions[b * q_len + i] (and j < kv_len); scale = 1 / sqrt(head_dim).
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <vector>
 
 #include "dsp/backend/host/gemm.hpp"
-#include "dsp/backend/host/host.hpp"
 #include "dsp/backend/host/softmax.hpp"
 #include "dsp/core/error.hpp"
 
@@ -32,7 +32,8 @@ inline void check_attention_shape(std::int64_t q_heads, std::int64_t kv_heads, s
 /// softmax probabilities for the backward (masked entries exactly 0; a query with no visible
 /// key gets a zero row and a zero output). probs may be nullptr (inference): a
 /// [q_len, kv_len] scratch buffer is used instead.
-inline void attention_forward(Host hst, const float* q, const float* k, const float* v,
+template <class Backend>
+void attention_forward(Backend hst, const float* q, const float* k, const float* v,
                               const std::int32_t* q_positions, std::int64_t batch, std::int64_t q_len,
                               std::int64_t kv_len, std::int64_t q_heads, std::int64_t kv_heads,
                               std::int64_t head_dim, float* out, float* probs) {
@@ -40,19 +41,16 @@ inline void attention_forward(Host hst, const float* q, const float* k, const fl
   const std::int64_t group = q_heads / kv_heads;
   const std::int64_t ldq = q_heads * head_dim, ldk = kv_heads * head_dim;
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-  std::vector<float> scratch(probs ? 0 : static_cast<std::size_t>(q_len * kv_len));
+  auto p_scratch = scratch(hst, probs ? 0 : q_len * kv_len);
   for (std::int64_t b = 0; b < batch; ++b) {
     for (std::int64_t h = 0; h < q_heads; ++h) {
       const std::int64_t g = h / group;
       const float* qb = q + b * q_len * ldq + h * head_dim;
       const float* kb = k + b * kv_len * ldk + g * head_dim;
       const float* vb = v + b * kv_len * ldk + g * head_dim;
-      float* p = probs ? probs + (b * q_heads + h) * q_len * kv_len : scratch.data();
+      float* p = probs ? probs + (b * q_heads + h) * q_len * kv_len : p_scratch.data();
       gemm(hst, false, true, q_len, kv_len, head_dim, scale, qb, ldq, kb, ldk, 0.0f, p, kv_len);
-      for (std::int64_t i = 0; i < q_len; ++i) {
-        const std::int64_t visible = std::clamp<std::int64_t>(q_positions[b * q_len + i] + 1, 0, kv_len);
-        softmax_forward(hst, p + i * kv_len, 1, kv_len, visible, p + i * kv_len);
-      }
+      causal_softmax_forward(hst, p, q_len, kv_len, q_positions + b * q_len);
       gemm(hst, false, false, q_len, head_dim, kv_len, 1.0f, p, kv_len, vb, ldk, 0.0f,
            out + b * q_len * ldq + h * head_dim, ldq);
     }
@@ -64,7 +62,8 @@ inline void attention_forward(Host hst, const float* q, const float* k, const fl
 /// dP = dO V^T, dS = P * (dP - rowsum(P * dP)), dQ = scale dS K, dK = scale dS^T Q, dV = P^T dO,
 /// where dK and dV of a kv head sum over the q heads of its group. Overwrites
 /// dq [batch, q_len, q_heads, head_dim], dk and dv [batch, kv_len, kv_heads, head_dim].
-inline void attention_backward(Host hst, const float* q, const float* k, const float* v, const float* probs,
+template <class Backend>
+void attention_backward(Backend hst, const float* q, const float* k, const float* v, const float* probs,
                                const float* dout, std::int64_t batch, std::int64_t q_len, std::int64_t kv_len,
                                std::int64_t q_heads, std::int64_t kv_heads, std::int64_t head_dim, float* dq,
                                float* dk, float* dv) {
@@ -72,7 +71,7 @@ inline void attention_backward(Host hst, const float* q, const float* k, const f
   const std::int64_t group = q_heads / kv_heads;
   const std::int64_t ldq = q_heads * head_dim, ldk = kv_heads * head_dim;
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-  std::vector<float> ds(static_cast<std::size_t>(q_len * kv_len));
+  auto ds = scratch(hst, q_len * kv_len);
   for (std::int64_t b = 0; b < batch; ++b) {
     for (std::int64_t h = 0; h < q_heads; ++h) {
       const std::int64_t g = h / group;
