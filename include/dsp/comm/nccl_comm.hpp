@@ -1,0 +1,343 @@
+#pragma once
+// NcclComm: the Communicator over NCCL, one GPU per rank, for ranks that are threads
+// (created from a ThreadComm group) or processes (from an MpiComm): the unique id is made by
+// rank 0 and broadcast over that group, then every rank joins with ncclCommInitRank.
+//
+// Buffers are device memory. Ordering, as in PyTorch's ProcessGroupNCCL: every operation is
+// enqueued on the communicator's own stream after the work enqueued so far on the compute
+// stream (the one given at creation: the ops' Cuda{stream}), through an event. The blocking
+// forms then make the compute stream's later work wait for the operation (an event again) and
+// return without blocking the host: the result is ready for every later op on the compute
+// stream, and to_host() of it waits as usual. The `*_async` forms return a Work whose wait()
+// does that step, and whose test() asks whether the operation finished. barrier() alone blocks
+// the host, until every rank arrived. Buffers must stay alive until the compute stream passed
+// the operation; the communicator must outlive its Works.
+//
+// Who calls what (NCCL's rules): every collective is called by all ranks in the same order with
+// matching sizes. send/recv pairs match in issue order per pair of ranks: NCCL has no tags, so
+// the tag argument is accepted and ignored. bf16 and fp16 sums are NCCL's, rounded to 16 bits
+// at each step of its algorithm, not accumulated in fp32 as ThreadComm's and MpiComm's are
+// (DESIGN.md section 3): reduce fp32 copies where that matters.
+//
+// Errors: a failed NCCL call throws CommError naming the call, NCCL's error string and its last
+// error message, and file:line. An asynchronous error (a peer that died, a network failure)
+// surfaces at the next Work::wait or test, which aborts the communicator (ncclCommAbort, so the
+// ranks blocked in it return) and throws CommError.
+// Reference: NCCL User Guide, "Creating a communicator", "CUDA stream semantics", "Group calls".
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "dsp/backend/cuda/cuda.hpp"
+#include "dsp/backend/cuda/memory.hpp"
+#include "dsp/backend/cuda/stream.hpp"
+#include "dsp/comm/reduce_op.hpp"
+#include "dsp/comm/work.hpp"
+#include "dsp/core/dtype.hpp"
+#include "dsp/core/error.hpp"
+
+namespace dsp::comm {
+
+namespace detail {
+
+/// DSP_NCCL_CHECK's body: throws CommError unless r is ncclSuccess.
+inline void nccl_check(ncclResult_t r, ncclComm_t comm, const char* call, const char* file, int line) {
+  if (r == ncclSuccess) return;
+  const char* last = ncclGetLastError(comm);
+  throw CommError(dsp::detail::concat(call, " failed: ", ncclGetErrorString(r),
+                                      last && *last ? dsp::detail::concat(" (", last, ")") : std::string(), " at ",
+                                      file, ":", line));
+}
+
+/// NCCL's element type of T.
+template <class T>
+constexpr ncclDataType_t nccl_type() {
+  if constexpr (std::is_same_v<T, float>) return ncclFloat32;
+  else if constexpr (std::is_same_v<T, double>) return ncclFloat64;
+  else if constexpr (std::is_same_v<T, bf16>) return ncclBfloat16;
+  else if constexpr (std::is_same_v<T, fp16>) return ncclFloat16;
+  else if constexpr (std::is_same_v<T, std::int32_t>) return ncclInt32;
+  else if constexpr (std::is_same_v<T, std::int64_t>) return ncclInt64;
+  else if constexpr (std::is_same_v<T, std::uint8_t>) return ncclUint8;
+  else static_assert(sizeof(T) == 0, "NcclComm: no NCCL type for this element type");
+}
+
+inline ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum:
+      return ncclSum;
+    case ReduceOp::Max:
+      return ncclMax;
+    case ReduceOp::Min:
+      return ncclMin;
+  }
+  throw CommError("unknown ReduceOp");
+}
+
+}  // namespace detail
+
+}  // namespace dsp::comm
+
+/// Checks an NCCL call on communicator `handle` (may be nullptr): throws dsp::CommError with the
+/// call, NCCL's error string, its last error message and file:line.
+#define DSP_NCCL_CHECK(handle, call) ::dsp::comm::detail::nccl_check((call), (handle), #call, __FILE__, __LINE__)
+
+namespace dsp::comm {
+
+/// A group of ranks, one GPU each, communicating through NCCL (rules at the top of this file).
+class NcclComm {
+ public:
+  /// An empty communicator (valid() is false), or moved-from. Moves keep pending Works valid.
+  NcclComm() = default;
+  NcclComm(NcclComm&&) noexcept = default;
+  NcclComm& operator=(NcclComm&&) noexcept = default;
+
+  /// Collective over `group` (a ThreadComm or MpiComm: anything with rank(), size() and
+  /// broadcast): rank r of the group becomes rank r here, on the calling thread's current
+  /// device (cudaSetDevice before; one device per rank, NCCL refuses two ranks on one GPU).
+  /// `compute` is the stream the operations are ordered against. Throws CommError when NCCL
+  /// fails (the message names the call).
+  template <class Group>
+  static NcclComm create(Group& group, backend::Cuda compute) {
+    ncclUniqueId id{};
+    if (group.rank() == 0) DSP_NCCL_CHECK(nullptr, ncclGetUniqueId(&id));
+    std::array<std::int32_t, (sizeof(ncclUniqueId) + 3) / 4> words{};
+    std::memcpy(words.data(), &id, sizeof id);
+    group.broadcast(std::span<std::int32_t>(words), 0);
+    std::memcpy(&id, words.data(), sizeof id);
+    NcclComm c(compute);
+    DSP_NCCL_CHECK(nullptr, ncclCommInitRank(&c.state_->comm, group.size(), id, group.rank()));
+    c.state_->rank = group.rank();
+    c.size_ = group.size();
+    return c;
+  }
+
+  int rank() const { return state_ ? state_->rank : 0; }
+  int size() const { return size_; }
+  bool valid() const { return state_ && state_->comm; }
+  /// The NCCL communicator, for calls dsp does not wrap; stays owned by this object.
+  ncclComm_t native() const { return state_ ? state_->comm : nullptr; }
+
+  /// data [n] = the op over every rank's data [n], in place.
+  template <class T>
+  void all_reduce(std::span<T> data, ReduceOp op = ReduceOp::Sum) {
+    all_reduce_async(data, op).wait();
+  }
+  template <class T>
+  Work all_reduce_async(std::span<T> data, ReduceOp op = ReduceOp::Sum) {
+    return enqueue("all_reduce", [&](cudaStream_t s) {
+      DSP_NCCL_CHECK(state_->comm, ncclAllReduce(data.data(), data.data(), data.size(), detail::nccl_type<T>(),
+                                          detail::nccl_op(op), state_->comm, s));
+    });
+  }
+
+  /// out [n] = the op over every rank's in [size * n] block `rank`. Throws CommError when
+  /// in.size() != size * out.size().
+  template <class T>
+  void reduce_scatter(std::span<const T> in, std::span<T> out, ReduceOp op = ReduceOp::Sum) {
+    reduce_scatter_async(in, out, op).wait();
+  }
+  template <class T>
+  Work reduce_scatter_async(std::span<const T> in, std::span<T> out, ReduceOp op = ReduceOp::Sum) {
+    check_blocks("reduce_scatter", in.size(), out.size());
+    return enqueue("reduce_scatter", [&](cudaStream_t s) {
+      DSP_NCCL_CHECK(state_->comm, ncclReduceScatter(in.data(), out.data(), out.size(), detail::nccl_type<T>(),
+                                              detail::nccl_op(op), state_->comm, s));
+    });
+  }
+
+  /// out [size * n] = every rank's in [n], in rank order. Throws CommError when out.size() !=
+  /// size * in.size().
+  template <class T>
+  void all_gather(std::span<const T> in, std::span<T> out) {
+    all_gather_async(in, out).wait();
+  }
+  template <class T>
+  Work all_gather_async(std::span<const T> in, std::span<T> out) {
+    check_blocks("all_gather", out.size(), in.size());
+    return enqueue("all_gather", [&](cudaStream_t s) {
+      DSP_NCCL_CHECK(state_->comm, ncclAllGather(in.data(), out.data(), in.size(), detail::nccl_type<T>(), state_->comm, s));
+    });
+  }
+
+  /// data [n] = root's data [n] on every rank.
+  template <class T>
+  void broadcast(std::span<T> data, int root) {
+    broadcast_async(data, root).wait();
+  }
+  template <class T>
+  Work broadcast_async(std::span<T> data, int root) {
+    return enqueue("broadcast", [&](cudaStream_t s) {
+      DSP_NCCL_CHECK(state_->comm,
+                     ncclBroadcast(data.data(), data.data(), data.size(), detail::nccl_type<T>(), root, state_->comm, s));
+    });
+  }
+
+  /// Sends data to rank dst (matched with dst's recv from this rank in issue order; the tag is
+  /// ignored, NCCL has none).
+  template <class T>
+  void send(std::span<const T> data, int dst, int tag = 0) {
+    send_async(data, dst, tag).wait();
+  }
+  template <class T>
+  Work send_async(std::span<const T> data, int dst, int /*tag*/ = 0) {
+    return enqueue("send", [&](cudaStream_t s) {
+      DSP_NCCL_CHECK(state_->comm, ncclSend(data.data(), data.size(), detail::nccl_type<T>(), dst, state_->comm, s));
+    });
+  }
+  /// Receives data from rank src (see send).
+  template <class T>
+  void recv(std::span<T> data, int src, int tag = 0) {
+    recv_async(data, src, tag).wait();
+  }
+  template <class T>
+  Work recv_async(std::span<T> data, int src, int /*tag*/ = 0) {
+    return enqueue("recv", [&](cudaStream_t s) {
+      DSP_NCCL_CHECK(state_->comm, ncclRecv(data.data(), data.size(), detail::nccl_type<T>(), src, state_->comm, s));
+    });
+  }
+
+  /// Sends in's block p (send_counts[p] elements, blocks in rank order) to rank p and receives
+  /// rank p's block for this rank into out's block p (recv_counts[p]): grouped point-to-point
+  /// (ncclGroupStart/End). Throws CommError when the counts do not have size() entries or do not
+  /// add up to the buffers' sizes.
+  template <class T>
+  void all_to_all_v(std::span<const T> in, std::vector<std::int64_t> send_counts, std::span<T> out,
+                    std::vector<std::int64_t> recv_counts) {
+    all_to_all_v_async(in, std::move(send_counts), out, std::move(recv_counts)).wait();
+  }
+  template <class T>
+  Work all_to_all_v_async(std::span<const T> in, std::vector<std::int64_t> send_counts, std::span<T> out,
+                          std::vector<std::int64_t> recv_counts) {
+    const auto total = [](const std::vector<std::int64_t>& c) { return std::accumulate(c.begin(), c.end(), 0LL); };
+    DSP_CHECK_AS(CommError,
+                 send_counts.size() == std::size_t(size_) && recv_counts.size() == std::size_t(size_) &&
+                     total(send_counts) == std::int64_t(in.size()) && total(recv_counts) == std::int64_t(out.size()),
+                 "all_to_all_v: counts (", send_counts.size(), " and ", recv_counts.size(), " entries, sums ",
+                 total(send_counts), " and ", total(recv_counts), ") do not match ", size_, " ranks and buffers of ",
+                 in.size(), " and ", out.size(), " elements");
+    return enqueue("all_to_all_v", [&](cudaStream_t s) {
+      DSP_NCCL_CHECK(state_->comm, ncclGroupStart());
+      std::int64_t sent = 0, received = 0;
+      for (int p = 0; p < size_; ++p) {
+        if (send_counts[p] > 0)
+          DSP_NCCL_CHECK(state_->comm, ncclSend(in.data() + sent, std::size_t(send_counts[p]), detail::nccl_type<T>(), p,
+                                         state_->comm, s));
+        if (recv_counts[p] > 0)
+          DSP_NCCL_CHECK(state_->comm, ncclRecv(out.data() + received, std::size_t(recv_counts[p]), detail::nccl_type<T>(),
+                                         p, state_->comm, s));
+        sent += send_counts[p];
+        received += recv_counts[p];
+      }
+      DSP_NCCL_CHECK(state_->comm, ncclGroupEnd());
+    });
+  }
+
+  /// Blocks the host until every rank arrived (a one-element all_reduce, waited for).
+  void barrier() {
+    const ncclComm_t comm = checked("barrier");
+    backend::DeviceBuffer<std::int32_t> token(state_->stream.backend(), 1, memory::Category::Communication);
+    DSP_CUDA_CHECK(cudaMemsetAsync(token.data(), 0, sizeof(std::int32_t), state_->stream.get()));
+    DSP_NCCL_CHECK(comm, ncclAllReduce(token.data(), token.data(), 1, ncclInt32, ncclSum, comm, state_->stream.get()));
+    DSP_CUDA_CHECK(cudaStreamSynchronize(state_->stream.get()));
+    state_->check_async_error();
+  }
+
+  /// Collective: ranks with the same colour (>= 0, else CommError) form a new communicator,
+  /// ordered by key, then by rank here (ncclCommSplit); it orders against the same compute
+  /// stream.
+  NcclComm split(int color, int key) {
+    const ncclComm_t comm = checked("split");
+    DSP_CHECK_AS(CommError, color >= 0, "split: colour must be >= 0, got ", color);
+    NcclComm c(backend::Cuda{compute_});
+    DSP_NCCL_CHECK(comm, ncclCommSplit(comm, color, key, &c.state_->comm, nullptr));
+    DSP_NCCL_CHECK(c.state_->comm, ncclCommUserRank(c.state_->comm, &c.state_->rank));
+    DSP_NCCL_CHECK(c.state_->comm, ncclCommCount(c.state_->comm, &c.size_));
+    return c;
+  }
+
+  /// Aborts the communicator (ncclCommAbort): operations in flight on any rank of it end with an
+  /// error instead of hanging. The object is empty afterwards.
+  void abort() noexcept {
+    if (state_) state_->abort();
+  }
+
+ private:
+  /// The NCCL communicator, shared with the Works of its operations.
+  struct State {
+    ncclComm_t comm = nullptr;
+    int rank = 0;
+    backend::Stream stream;  ///< the communication stream
+    State() = default;
+    State(const State&) = delete;
+    State& operator=(const State&) = delete;
+    ~State() {
+      if (comm) (void)ncclCommDestroy(comm);
+    }
+    void abort() noexcept {
+      if (comm) (void)ncclCommAbort(comm);
+      comm = nullptr;
+    }
+    /// An asynchronous NCCL error aborts the communicator and throws CommError.
+    void check_async_error() {
+      DSP_CHECK_AS(CommError, comm, "NCCL communicator of rank ", rank, " was aborted");
+      ncclResult_t r = ncclSuccess;
+      DSP_NCCL_CHECK(comm, ncclCommGetAsyncError(comm, &r));
+      if (r == ncclSuccess || r == ncclInProgress) return;
+      const std::string message = dsp::detail::concat("NCCL asynchronous error on rank ", rank, ": ",
+                                                      ncclGetErrorString(r), " (", ncclGetLastError(comm), ")");
+      abort();
+      throw CommError(message);
+    }
+  };
+
+  explicit NcclComm(backend::Cuda compute) : state_(std::make_shared<State>()), compute_(compute.stream) {}
+
+  /// The NCCL communicator; throws CommError naming op when there is none.
+  ncclComm_t checked(const char* op) const {
+    DSP_CHECK_AS(CommError, valid(), op, ": the communicator is empty (moved-from, aborted or not created)");
+    return state_->comm;
+  }
+
+  void check_blocks(const char* op, std::size_t whole, std::size_t block) const {
+    DSP_CHECK_AS(CommError, whole == block * std::size_t(size_), op, ": ", whole, " elements are not ", size_,
+                 " blocks of ", block);
+  }
+
+  /// Enqueues issue(comm stream) after the compute stream's work so far; the Work's wait makes
+  /// the compute stream's later work wait for it.
+  template <class Issue>
+  Work enqueue(const char* op, Issue&& issue) {
+    checked(op);
+    backend::Event ready(false);
+    ready.record(backend::Cuda{compute_});
+    ready.wait(state_->stream.backend());
+    issue(state_->stream.get());
+    auto done = std::make_shared<backend::Event>(false);
+    done->record(state_->stream.backend());
+    return Work(
+        [state = state_, done, compute = compute_] {
+          state->check_async_error();
+          done->wait(backend::Cuda{compute});
+        },
+        [state = state_, done] {
+          state->check_async_error();
+          return done->query();
+        },
+        op);
+  }
+
+  std::shared_ptr<State> state_;
+  cudaStream_t compute_ = nullptr;
+  int size_ = 0;
+};
+
+}  // namespace dsp::comm

@@ -1,0 +1,85 @@
+// NcclComm on one GPU: a communicator of one rank (NCCL refuses two ranks on one device), so
+// every collective is the identity or a copy, checked exactly; plus the ordering against the
+// compute stream, Works that outlive a move, split, and the errors for bad sizes.
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <numeric>
+#include <vector>
+
+#include "../../backend/cuda/device_vectors.hpp"
+#include "dsp/backend/cuda/memory.hpp"
+#include "dsp/backend/cuda/stream.hpp"
+#include "dsp/comm/communicator.hpp"
+#include "dsp/comm/launch.hpp"
+#include "dsp/comm/nccl_comm.hpp"
+
+using dsp::backend::Cuda;
+using dsp::backend::DeviceBuffer;
+using dsp::comm::NcclComm;
+using dsp::comm::ThreadComm;
+using dsp::test::on_device;
+using dsp::test::on_host;
+
+static_assert(dsp::comm::Communicator<NcclComm>);
+
+namespace {
+std::vector<float> iota_vector(std::size_t n, float start) {
+  std::vector<float> v(n);
+  std::iota(v.begin(), v.end(), start);
+  return v;
+}
+}  // namespace
+
+TEST_CASE("NcclComm of one rank: every collective on device memory, ordered on the compute stream") {
+  dsp::comm::launch(1, [](ThreadComm& world) {
+    DSP_CUDA_CHECK(cudaSetDevice(0));
+    dsp::backend::Stream compute;
+    const Cuda b = compute.backend();
+    NcclComm nccl = NcclComm::create(world, b);
+    CHECK(nccl.rank() == 0);
+    CHECK(nccl.size() == 1);
+
+    const auto v = iota_vector(1000, -3.0f);
+    auto d = on_device(b, v);
+    nccl.all_reduce(std::span<float>(d.data(), d.size()));
+    CHECK(to_host(b, d.data(), d.size()) == v);
+
+    DeviceBuffer<float> gathered(b, v.size()), scattered(b, v.size());
+    nccl.all_gather(std::span<const float>(d.data(), d.size()), std::span<float>(gathered.data(), gathered.size()));
+    nccl.reduce_scatter(std::span<const float>(gathered.data(), gathered.size()),
+                        std::span<float>(scattered.data(), scattered.size()));
+    CHECK(to_host(b, scattered.data(), scattered.size()) == v);
+
+    std::vector<dsp::bf16> h16(64);
+    for (std::size_t i = 0; i < h16.size(); ++i) h16[i] = dsp::bf16(float(i) / 4);
+    auto d16 = on_device(b, h16);
+    nccl.broadcast(std::span<dsp::bf16>(d16.data(), d16.size()), 0);
+    const auto back16 = to_host(b, d16.data(), d16.size());
+    for (std::size_t i = 0; i < h16.size(); ++i) CHECK(back16[i].bits == h16[i].bits);
+
+    DeviceBuffer<float> received(b, v.size());
+    nccl.all_to_all_v(std::span<const float>(d.data(), d.size()), {std::int64_t(v.size())},
+                      std::span<float>(received.data(), received.size()), {std::int64_t(v.size())});
+    CHECK(to_host(b, received.data(), received.size()) == v);
+
+    // The async form, waited for after a move of the communicator.
+    auto d2 = on_device(b, v);
+    dsp::comm::Work w = nccl.all_reduce_async(std::span<float>(d2.data(), d2.size()), dsp::comm::ReduceOp::Max);
+    NcclComm moved = std::move(nccl);
+    w.wait();
+    CHECK(to_host(b, d2.data(), d2.size()) == v);
+    CHECK(w.completed());
+    moved.barrier();
+
+    NcclComm sub = moved.split(0, 0);
+    CHECK(sub.size() == 1);
+    sub.all_reduce(std::span<float>(d.data(), d.size()));
+    CHECK(to_host(b, d.data(), d.size()) == v);
+
+    CHECK_THROWS_WITH_AS(moved.all_gather(std::span<const float>(d.data(), 10), std::span<float>(gathered.data(), 11)),
+                         "all_gather: 11 elements are not 1 blocks of 10", dsp::CommError);
+    CHECK_THROWS_AS(moved.split(-1, 0), dsp::CommError);
+    CHECK_THROWS_AS(nccl.barrier(), dsp::CommError);  // moved-from: empty
+  });
+}
