@@ -27,11 +27,11 @@ if ! command -v nvcc > /dev/null && [[ -x /usr/local/cuda/bin/nvcc ]]; then
   export PATH=/usr/local/cuda/bin:$PATH
 fi
 missing=()
-for tool in nvidia-smi nvcc cmake python3 git; do
+for tool in nvidia-smi nvcc cmake python3 c++; do
   command -v "$tool" > /dev/null || missing+=("$tool")
 done
-for header in cblas.h doctest/doctest.h benchmark/benchmark.h nlohmann/json.hpp zlib.h; do
-  [[ -e /usr/include/$header || -e /usr/local/include/$header ]] || missing+=("$header")
+for header in cblas.h doctest/doctest.h benchmark/benchmark.h nlohmann/json.hpp zlib.h CLI/CLI.hpp; do
+  printf '#include <%s>\n' "$header" | c++ -E -x c++ - > /dev/null 2>&1 || missing+=("$header")
 done
 if ((${#missing[@]})); then
   echo "gpu-check: missing here: ${missing[*]} (scripts/setup.sh installs the libraries from Debian)" >&2

@@ -224,3 +224,17 @@ TEST_CASE("bad router configs and inputs throw, naming the numbers") {
   CHECK(empty.tokens == 0);
   CHECK(dsp::ep::expert_load(empty) == std::vector<std::int64_t>(4, 0));
 }
+
+TEST_CASE("capacity_drop refuses a kept slot whose expert is out of range, before changing anything") {
+  std::vector<std::int32_t> chosen = {0, 1, 2, 5};  // 5 is not one of the 3 experts
+  std::vector<float> weights = {0.1f, 0.2f, 0.3f, 0.4f};
+  std::vector<std::uint8_t> kept = {1, 1, 1, 1};
+  std::vector<std::int64_t> dropped(3, 7);
+  CHECK_THROWS_WITH_AS(dsp::backend::capacity_drop(dsp::backend::Host{}, chosen.data(), 2, 2, 3, 1, true,
+                                                   weights.data(), kept.data(), dropped.data()),
+                       "capacity_drop: expert 5 outside [0, 3)", dsp::Error);
+  CHECK(kept == std::vector<std::uint8_t>{1, 1, 1, 1});
+  kept[3] = 0;  // a dropped slot's expert is not looked at
+  CHECK(dsp::backend::capacity_drop(dsp::backend::Host{}, chosen.data(), 2, 2, 3, 1, true, weights.data(),
+                                    kept.data(), dropped.data()) == 0);
+}

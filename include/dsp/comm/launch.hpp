@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "dsp/comm/thread_comm.hpp"
+#include "dsp/comm/timeout.hpp"
 #include "dsp/core/error.hpp"
 #include "dsp/core/threads.hpp"
 #include "dsp/core/trace.hpp"
@@ -22,15 +23,6 @@ struct LaunchOptions {
   /// Longest time one collective waits for its peers before it throws TimeoutError and
   /// aborts every rank. Default 300 s, or the environment variable DSP_COMM_TIMEOUT_S.
   std::chrono::milliseconds timeout = default_timeout();
-
-  static std::chrono::milliseconds default_timeout() {
-    const char* s = std::getenv("DSP_COMM_TIMEOUT_S");
-    if (!s) return std::chrono::seconds(300);
-    char* end = nullptr;
-    const double seconds = std::strtod(s, &end);
-    DSP_CHECK_AS(ConfigError, end != s && *end == '\0' && seconds > 0, "DSP_COMM_TIMEOUT_S must be a positive number of seconds, got '", s, "'");
-    return std::chrono::milliseconds(static_cast<long>(seconds * 1000));
-  }
 };
 
 /// Runs fn(world) on world_size threads, each with its rank's ThreadComm over all ranks, and

@@ -15,24 +15,32 @@
 //
 // Who calls what (NCCL's rules): every collective is called by all ranks in the same order with
 // matching sizes. send/recv pairs match in issue order per pair of ranks: NCCL has no tags, so
-// the tag argument is accepted and ignored. bf16 and fp16 sums are NCCL's, rounded to 16 bits
+// the tag argument is accepted and ignored. Sends are not buffered: a send holds up the
+// communication stream until the peer's matching recv runs, so a cycle of sends issued before
+// their recvs deadlocks (order them, e.g. even ranks send first, or use all_to_all_v, which
+// groups them). One host thread per communicator. bf16 and fp16 sums are NCCL's, rounded to 16 bits
 // at each step of its algorithm, not accumulated in fp32 as ThreadComm's and MpiComm's are
 // (DESIGN.md section 3): reduce fp32 copies where that matters.
 //
 // Errors: a failed NCCL call throws CommError naming the call, NCCL's error string and its last
 // error message, and file:line. An asynchronous error (a peer that died, a network failure)
-// surfaces at the next Work::wait or test, which aborts the communicator (ncclCommAbort, so the
-// ranks blocked in it return) and throws CommError.
+// surfaces at the next Work::wait or test or barrier, which aborts this rank's communicator
+// (ncclCommAbort: its pending operations end) and throws CommError; the peers see their own
+// error or time out. barrier() gives up after DSP_COMM_TIMEOUT_S (default 300 s) with
+// TimeoutError, aborting likewise.
 // Reference: NCCL User Guide, "Creating a communicator", "CUDA stream semantics", "Group calls".
 #include <cuda_runtime.h>
 #include <nccl.h>
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <memory>
 #include <numeric>
 #include <span>
+#include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -40,6 +48,7 @@
 #include "dsp/backend/cuda/memory.hpp"
 #include "dsp/backend/cuda/stream.hpp"
 #include "dsp/comm/reduce_op.hpp"
+#include "dsp/comm/timeout.hpp"
 #include "dsp/comm/work.hpp"
 #include "dsp/core/dtype.hpp"
 #include "dsp/core/error.hpp"
@@ -97,8 +106,14 @@ class NcclComm {
  public:
   /// An empty communicator (valid() is false), or moved-from. Moves keep pending Works valid.
   NcclComm() = default;
-  NcclComm(NcclComm&&) noexcept = default;
-  NcclComm& operator=(NcclComm&&) noexcept = default;
+  NcclComm(NcclComm&& o) noexcept
+      : state_(std::move(o.state_)), compute_(std::exchange(o.compute_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  NcclComm& operator=(NcclComm&& o) noexcept {
+    state_ = std::move(o.state_);
+    compute_ = std::exchange(o.compute_, nullptr);
+    size_ = std::exchange(o.size_, 0);
+    return *this;
+  }
 
   /// Collective over `group` (a ThreadComm or MpiComm: anything with rank(), size() and
   /// broadcast): rank r of the group becomes rank r here, on the calling thread's current
@@ -121,6 +136,7 @@ class NcclComm {
   }
 
   int rank() const { return state_ ? state_->rank : 0; }
+  /// Number of ranks (0 when empty).
   int size() const { return size_; }
   bool valid() const { return state_ && state_->comm; }
   /// The NCCL communicator, for calls dsp does not wrap; stays owned by this object.
@@ -226,6 +242,17 @@ class NcclComm {
                  in.size(), " and ", out.size(), " elements");
     return enqueue("all_to_all_v", [&](cudaStream_t s) {
       DSP_NCCL_CHECK(state_->comm, ncclGroupStart());
+      struct GroupEnd {  // closes the group also when a call inside it throws
+        ncclComm_t comm;
+        bool done = false;
+        ~GroupEnd() {
+          if (!done) (void)ncclGroupEnd();
+        }
+        void end() {
+          done = true;
+          DSP_NCCL_CHECK(comm, ncclGroupEnd());
+        }
+      } group{state_->comm};
       std::int64_t sent = 0, received = 0;
       for (int p = 0; p < size_; ++p) {
         if (send_counts[p] > 0)
@@ -237,17 +264,32 @@ class NcclComm {
         sent += send_counts[p];
         received += recv_counts[p];
       }
-      DSP_NCCL_CHECK(state_->comm, ncclGroupEnd());
+      group.end();
     });
   }
 
-  /// Blocks the host until every rank arrived (a one-element all_reduce, waited for).
+  /// Blocks the host until every rank arrived (a one-element all_reduce after the compute
+  /// stream's work so far, waited for). Throws TimeoutError after DSP_COMM_TIMEOUT_S seconds
+  /// (default 300) and CommError on an asynchronous NCCL error, aborting the communicator.
   void barrier() {
     const ncclComm_t comm = checked("barrier");
     backend::DeviceBuffer<std::int32_t> token(state_->stream.backend(), 1, memory::Category::Communication);
+    order_after_compute();
     DSP_CUDA_CHECK(cudaMemsetAsync(token.data(), 0, sizeof(std::int32_t), state_->stream.get()));
     DSP_NCCL_CHECK(comm, ncclAllReduce(token.data(), token.data(), 1, ncclInt32, ncclSum, comm, state_->stream.get()));
-    DSP_CUDA_CHECK(cudaStreamSynchronize(state_->stream.get()));
+    backend::Event done(false);
+    done.record(state_->stream.backend());
+    const auto deadline = std::chrono::steady_clock::now() + default_timeout();
+    while (!done.query()) {
+      state_->check_async_error();
+      if (std::chrono::steady_clock::now() > deadline) {
+        state_->abort();
+        throw TimeoutError(dsp::detail::concat("NcclComm barrier: rank ", rank(), " waited more than ",
+                                               std::chrono::duration<double>(default_timeout()).count(),
+                                               " s for its peers; communicator aborted"));
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
     state_->check_async_error();
   }
 
@@ -264,8 +306,8 @@ class NcclComm {
     return c;
   }
 
-  /// Aborts the communicator (ncclCommAbort): operations in flight on any rank of it end with an
-  /// error instead of hanging. The object is empty afterwards.
+  /// Aborts this rank's communicator (ncclCommAbort): its operations in flight end instead of
+  /// hanging; the peers see errors or time out. The object is empty (valid() false) afterwards.
   void abort() noexcept {
     if (state_) state_->abort();
   }
@@ -279,8 +321,15 @@ class NcclComm {
     State() = default;
     State(const State&) = delete;
     State& operator=(const State&) = delete;
+    /// Destroys the communicator, or aborts it when an asynchronous error is pending (destroy
+    /// would wait for operations that cannot finish).
     ~State() {
-      if (comm) (void)ncclCommDestroy(comm);
+      if (!comm) return;
+      ncclResult_t r = ncclSuccess;
+      if (ncclCommGetAsyncError(comm, &r) != ncclSuccess || (r != ncclSuccess && r != ncclInProgress))
+        (void)ncclCommAbort(comm);
+      else
+        (void)ncclCommDestroy(comm);
     }
     void abort() noexcept {
       if (comm) (void)ncclCommAbort(comm);
@@ -312,14 +361,19 @@ class NcclComm {
                  " blocks of ", block);
   }
 
+  /// The communication stream's next work waits for the compute stream's work so far.
+  void order_after_compute() {
+    backend::Event ready(false);
+    ready.record(backend::Cuda{compute_});
+    ready.wait(state_->stream.backend());
+  }
+
   /// Enqueues issue(comm stream) after the compute stream's work so far; the Work's wait makes
   /// the compute stream's later work wait for it.
   template <class Issue>
   Work enqueue(const char* op, Issue&& issue) {
     checked(op);
-    backend::Event ready(false);
-    ready.record(backend::Cuda{compute_});
-    ready.wait(state_->stream.backend());
+    order_after_compute();
     issue(state_->stream.get());
     auto done = std::make_shared<backend::Event>(false);
     done->record(state_->stream.backend());

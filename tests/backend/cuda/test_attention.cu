@@ -68,6 +68,6 @@ TEST_CASE("attention forward (out, probs; probs may be null) and backward equal 
     DeviceBuffer<float> d_out2(b, out.size());
     attention_forward(b, d_q.data(), d_k.data(), d_v.data(), d_pos.data(), batch, s.q_len, s.kv_len, q_heads,
                       kv_heads, head_dim, d_out2.data(), static_cast<float*>(nullptr));
-    CHECK(on_host(d_out2) == on_host(d_out));
+    CHECK(relative_error(on_host(d_out2), out) < kTol);
   }
 }

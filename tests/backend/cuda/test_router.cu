@@ -148,4 +148,17 @@ TEST_CASE("expert counts, the bias step and capacity dropping (by weight and by 
     CHECK(on_host(d_w) == w);
     CHECK(on_host(d_dropped) == dropped);
   }
+  // A kept slot naming an expert out of range is refused as by the Host op, nothing changed.
+  auto bad_chosen = chosen;
+  bad_chosen[40] = std::int32_t(experts);
+  std::vector<std::uint8_t> all_kept(slots, 1);
+  auto d_bad_chosen = on_device(b, bad_chosen);
+  auto d_all_kept = on_device(b, all_kept);
+  auto d_w = on_device(b, weights);
+  DeviceBuffer<std::int64_t> d_dropped(b, experts);
+  CHECK_THROWS_WITH_AS(capacity_drop(b, d_bad_chosen.data(), tokens, top_k, experts, 70, true, d_w.data(),
+                                     d_all_kept.data(), d_dropped.data()),
+                       "capacity_drop: expert 12 outside [0, 12)", dsp::Error);
+  CHECK(on_host(d_all_kept) == all_kept);
+  CHECK(on_host(d_w) == weights);
 }

@@ -1,10 +1,14 @@
 // NcclComm on one GPU: a communicator of one rank (NCCL refuses two ranks on one device), so
-// every collective is the identity or a copy, checked exactly; plus the ordering against the
-// compute stream, Works that outlive a move, split, and the errors for bad sizes.
+// every collective is the identity or a copy, checked exactly; plus the ordering against a
+// delayed compute stream, Works that outlive a move, split, and the errors for bad sizes.
+// Reductions across ranks are tested in test_nccl_multi_gpu (two GPUs or more).
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <numeric>
+#include <thread>
 #include <vector>
 
 #include "../../backend/cuda/device_vectors.hpp"
@@ -67,9 +71,10 @@ TEST_CASE("NcclComm of one rank: every collective on device memory, ordered on t
     auto d2 = on_device(b, v);
     dsp::comm::Work w = nccl.all_reduce_async(std::span<float>(d2.data(), d2.size()), dsp::comm::ReduceOp::Max);
     NcclComm moved = std::move(nccl);
+    CHECK(nccl.size() == 0);
+    CHECK(!nccl.valid());
     w.wait();
     CHECK(to_host(b, d2.data(), d2.size()) == v);
-    CHECK(w.completed());
     moved.barrier();
 
     NcclComm sub = moved.split(0, 0);
@@ -81,5 +86,34 @@ TEST_CASE("NcclComm of one rank: every collective on device memory, ordered on t
                          "all_gather: 11 elements are not 1 blocks of 10", dsp::CommError);
     CHECK_THROWS_AS(moved.split(-1, 0), dsp::CommError);
     CHECK_THROWS_AS(nccl.barrier(), dsp::CommError);  // moved-from: empty
+  });
+}
+
+namespace {
+void CUDART_CB sleep_50ms(void*) { std::this_thread::sleep_for(std::chrono::milliseconds(50)); }
+}  // namespace
+
+TEST_CASE("NcclComm operations wait for the compute stream's earlier work, and later work waits for them") {
+  dsp::comm::launch(1, [](ThreadComm& world) {
+    DSP_CUDA_CHECK(cudaSetDevice(0));
+    dsp::backend::Stream compute;
+    const Cuda b = compute.backend();
+    NcclComm nccl = NcclComm::create(world, b);
+    const std::size_t n = 1 << 20;
+    DeviceBuffer<float> in(b, n), out(b, n);
+    DSP_CUDA_CHECK(cudaMemsetAsync(in.data(), 0, n * sizeof(float), b.stream));
+    DSP_CUDA_CHECK(cudaMemsetAsync(out.data(), 0, n * sizeof(float), b.stream));
+    // The compute stream is held up for 50 ms, then writes the pattern: an all_gather that did
+    // not wait for it would copy the zeros.
+    DSP_CUDA_CHECK(cudaLaunchHostFunc(b.stream, sleep_50ms, nullptr));
+    DSP_CUDA_CHECK(cudaMemsetAsync(in.data(), 0x3f, n * sizeof(float), b.stream));
+    nccl.all_gather(std::span<const float>(in.data(), n), std::span<float>(out.data(), n));
+    // Later compute work (this copy) must see the gathered pattern.
+    const auto got = to_host(b, out.data(), n);
+    std::uint32_t bits = 0;
+    std::memcpy(&bits, &got[n - 1], sizeof bits);
+    CHECK(bits == 0x3f3f3f3fu);
+    std::memcpy(&bits, &got[0], sizeof bits);
+    CHECK(bits == 0x3f3f3f3fu);
   });
 }

@@ -39,6 +39,22 @@ TEST_CASE("NcclComm on every GPU (up to 4): all_reduce, all_gather, reduce_scatt
     nccl.all_reduce(std::span<float>(d.data(), len));
     const auto sum = to_host(b, d.data(), len);
     for (std::size_t i = 0; i < len; ++i) CHECK(sum[i] == float(n) * float(i) + float(n * (n - 1) / 2));
+    // Max and Min (async, waited for), and a bf16 sum of small integers (exact in bf16).
+    auto mx = on_device(b, x), mn = on_device(b, x);
+    dsp::comm::Work wmax = nccl.all_reduce_async(std::span<float>(mx.data(), len), dsp::comm::ReduceOp::Max);
+    nccl.all_reduce(std::span<float>(mn.data(), len), dsp::comm::ReduceOp::Min);
+    wmax.wait();
+    const auto hmax = to_host(b, mx.data(), len), hmin = to_host(b, mn.data(), len);
+    for (std::size_t i = 0; i < len; ++i) {
+      CHECK(hmax[i] == float(n - 1) + float(i));
+      CHECK(hmin[i] == float(i));
+    }
+    std::vector<dsp::bf16> h16(64);
+    for (std::size_t i = 0; i < h16.size(); ++i) h16[i] = dsp::bf16(float(r + 1) * float(i % 4));
+    auto d16 = on_device(b, h16);
+    nccl.all_reduce(std::span<dsp::bf16>(d16.data(), h16.size()));
+    const auto s16 = to_host(b, d16.data(), h16.size());
+    for (std::size_t i = 0; i < h16.size(); ++i) CHECK(float(s16[i]) == float(n * (n + 1) / 2) * float(i % 4));
 
     // all_gather of a block of r's, then reduce_scatter of it: block r of the sum is n r.
     auto mine = on_device(b, std::vector<float>(len, float(r)));
@@ -53,10 +69,18 @@ TEST_CASE("NcclComm on every GPU (up to 4): all_reduce, all_gather, reduce_scatt
     auto c = on_device(b, std::vector<float>(len, float(r)));
     nccl.broadcast(std::span<float>(c.data(), len), n - 1);
     CHECK(to_host(b, c.data(), len) == std::vector<float>(len, float(n - 1)));
+    // Sends are not buffered: even ranks send first, odd ranks receive first (no cycle of
+    // unmatched sends).
     DeviceBuffer<float> from_left(b, len);
-    dsp::comm::Work s = nccl.send_async(std::span<const float>(mine.data(), len), (r + 1) % n);
-    nccl.recv(std::span<float>(from_left.data(), len), (r + n - 1) % n);
-    s.wait();
+    const auto send_right = [&] { nccl.send(std::span<const float>(mine.data(), len), (r + 1) % n); };
+    const auto recv_left = [&] { nccl.recv(std::span<float>(from_left.data(), len), (r + n - 1) % n); };
+    if (r % 2 == 0) {
+      send_right();
+      recv_left();
+    } else {
+      recv_left();
+      send_right();
+    }
     CHECK(to_host(b, from_left.data(), len) == std::vector<float>(len, float((r + n - 1) % n)));
 
     // all_to_all_v: rank r sends r + q + 1 copies of 100 r + q to rank q.

@@ -5,13 +5,13 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <limits>
 
 #include "dsp/backend/cuda/cublas.hpp"
 #include "dsp/backend/cuda/cuda.hpp"
 #include "dsp/backend/cuda/error.hpp"
+#include "dsp/backend/gemm_args.hpp"
 #include "dsp/core/dtype.hpp"
 
 namespace dsp::backend {
@@ -31,11 +31,7 @@ inline void gemm_ex(Cuda backend, bool trans_a, bool trans_b, std::int64_t m, st
                     float alpha, const void* a, cudaDataType_t a_type, std::int64_t lda, const void* b,
                     cudaDataType_t b_type, std::int64_t ldb, float beta, void* c, cudaDataType_t c_type,
                     std::int64_t ldc) {
-  DSP_CHECK(m >= 0 && n >= 0 && k >= 0, "gemm: negative size m=", m, " n=", n, " k=", k);
-  if (m == 0 || n == 0) return;
-  DSP_CHECK(lda >= std::max<std::int64_t>(1, trans_a ? m : k), "gemm: lda=", lda, " too small");
-  DSP_CHECK(ldb >= std::max<std::int64_t>(1, trans_b ? k : n), "gemm: ldb=", ldb, " too small");
-  DSP_CHECK(ldc >= n, "gemm: ldc=", ldc, " too small");
+  if (!detail::check_gemm_args(trans_a, trans_b, m, n, k, lda, ldb, ldc)) return;
   cublasHandle_t h = cublas_handle(backend.stream);
   if (k == 0) {  // BLAS: C = beta C, A and B unread (done here: cuBLAS does not document k = 0)
     const std::size_t elem = c_type == CUDA_R_32F ? sizeof(float) : sizeof(bf16);

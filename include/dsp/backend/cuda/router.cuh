@@ -145,15 +145,19 @@ __global__ void expert_bias_update_kernel(float* bias, const std::int64_t* load,
 }
 
 /// expert_key[i] = the expert of slot slot_of[i] (slot_of nullptr: slot i) when it is kept,
-/// `experts` (sorts after every expert) when not.
+/// `experts` (sorts after every expert) when not or when the expert is out of range; then
+/// *first_bad = the lowest such out-of-range slot (left as it was when there is none).
 template <int = 0>
 __global__ void capacity_keys_kernel(const std::int32_t* chosen, const std::uint8_t* kept,
                                      const std::int64_t* slot_of, std::int64_t slots, std::int64_t experts,
-                                     std::int32_t* expert_key) {
+                                     std::int32_t* expert_key, unsigned long long* first_bad) {
   for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < slots;
        i += std::int64_t(gridDim.x) * blockDim.x) {
     const std::int64_t slot = slot_of ? slot_of[i] : i;
-    expert_key[i] = kept[slot] ? chosen[slot] : std::int32_t(experts);
+    const std::int32_t e = chosen[slot];
+    const bool in_range = e >= 0 && e < experts;
+    if (kept[slot] && !in_range) atomicMin(first_bad, static_cast<unsigned long long>(slot));
+    expert_key[i] = kept[slot] && in_range ? e : std::int32_t(experts);
   }
 }
 
@@ -301,8 +305,9 @@ inline void expert_bias_update(Cuda b, float* bias, const std::int64_t* load, st
 /// slots of chosen [tokens, top_k] (the highest weights, ties to the earlier slot, when
 /// by_weight; else the earliest slots); dropped slots get kept = 0 and weight 0; dropped
 /// [experts] = newly dropped per expert. Two stable CUB radix sorts (weight descending, then
-/// expert) order the slots as the Host op's stable sort does (-0.0 sorts below +0.0 here; the
-/// Host op treats them as equal). Returns the total dropped; waits for b.stream.
+/// expert) order the slots as the Host op's stable sort does (CUB, like the Host comparison,
+/// treats -0.0 and +0.0 as equal). Returns the total dropped; waits for b.stream. Throws Error
+/// when a kept slot names an expert outside [0, experts), as the Host op does.
 inline std::int64_t capacity_drop(Cuda b, const std::int32_t* chosen, std::int64_t tokens, std::int64_t top_k,
                                   std::int64_t experts, std::int64_t capacity, bool by_weight, float* weights,
                                   std::uint8_t* kept, std::int64_t* dropped) {
@@ -345,16 +350,21 @@ inline std::int64_t capacity_drop(Cuda b, const std::int32_t* chosen, std::int64
                                                              b.stream));
     values = by_weight_order.data();
   }
+  DSP_CUDA_CHECK(cudaMemsetAsync(first_bad.data(), 0xff, first_bad.bytes(), b.stream));  // "none"
   detail::capacity_keys_kernel<<<blocks, detail::kBlockThreads, 0, b.stream>>>(
-      chosen, kept, by_weight ? values : nullptr, slots, experts, expert_key.data());
+      chosen, kept, by_weight ? values : nullptr, slots, experts, expert_key.data(), first_bad.data());
   DSP_CUDA_CHECK(cudaGetLastError());
+  const unsigned long long bad_slot = to_host(b, first_bad.data(), 1)[0];
+  if (bad_slot != ~0ull)
+    throw Error(dsp::detail::concat("capacity_drop: expert ", to_host(b, chosen + bad_slot, 1)[0], " outside [0, ",
+                                    experts, ")"));
   DSP_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.data(), temp_bytes, expert_key.data(), expert_sorted.data(),
                                                  values, sorted_slots.data(), slots, 0, expert_bits, b.stream));
   // Where each expert's run starts in the sorted order: counts of the keys (the not-kept key
   // `experts` included), exclusive prefix sum.
   DSP_CUDA_CHECK(cudaMemsetAsync(counts.data(), 0, counts.bytes(), b.stream));
   detail::expert_counts_kernel<<<blocks, detail::kBlockThreads, 0, b.stream>>>(
-      expert_sorted.data(), slots, experts + 1, counts.data(), first_bad.data());  // keys are all in range
+      expert_sorted.data(), slots, experts + 1, counts.data(), first_bad.data());  // keys are in range now
   DSP_CUDA_CHECK(cudaGetLastError());
   DSP_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(temp.data(), temp_bytes, counts.data(), run_start.data(),
                                                experts + 1, b.stream));

@@ -1,11 +1,10 @@
 #pragma once
 // General matrix multiply through CBLAS (OpenBLAS).
-#include <algorithm>
 #include <cstdint>
 
+#include "dsp/backend/gemm_args.hpp"
 #include "dsp/backend/host/detail/blas.hpp"
 #include "dsp/backend/host/host.hpp"
-#include "dsp/core/error.hpp"
 
 namespace dsp::backend {
 
@@ -16,11 +15,7 @@ namespace dsp::backend {
 inline void gemm(Host, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
                  const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
                  std::int64_t ldc) {
-  DSP_CHECK(m >= 0 && n >= 0 && k >= 0, "gemm: negative size m=", m, " n=", n, " k=", k);
-  if (m == 0 || n == 0) return;
-  DSP_CHECK(lda >= std::max<std::int64_t>(1, trans_a ? m : k), "gemm: lda=", lda, " too small");
-  DSP_CHECK(ldb >= std::max<std::int64_t>(1, trans_b ? k : n), "gemm: ldb=", ldb, " too small");
-  DSP_CHECK(ldc >= n, "gemm: ldc=", ldc, " too small");
+  if (!detail::check_gemm_args(trans_a, trans_b, m, n, k, lda, ldb, ldc)) return;
   detail::use_blas_threads();
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
               detail::blas_int(m), detail::blas_int(n), detail::blas_int(k), alpha, a, detail::blas_int(lda), b,

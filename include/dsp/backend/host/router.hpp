@@ -210,13 +210,18 @@ inline void expert_bias_update(Host, float* bias, const std::int64_t* load, std:
 /// top_k], 1/0, in/out), each expert keeps at most `capacity`: the highest weights (weights
 /// [tokens, top_k]; ties to the earlier slot) when by_weight, else the earliest slots (token
 /// order). Dropped slots get kept = 0 and weight 0. dropped [experts] = newly dropped slots
-/// per expert (overwritten); returns their total.
+/// per expert (overwritten); returns their total. Throws Error when a kept slot names an expert
+/// outside [0, experts).
 inline std::int64_t capacity_drop(Host, const std::int32_t* chosen, std::int64_t tokens, std::int64_t top_k,
                                   std::int64_t experts, std::int64_t capacity, bool by_weight, float* weights,
                                   std::uint8_t* kept, std::int64_t* dropped) {
   std::vector<std::int64_t> slots;
-  for (std::int64_t i = 0; i < tokens * top_k; ++i)
-    if (kept[i]) slots.push_back(i);
+  for (std::int64_t i = 0; i < tokens * top_k; ++i) {
+    if (!kept[i]) continue;
+    DSP_CHECK(chosen[i] >= 0 && chosen[i] < experts, "capacity_drop: expert ", chosen[i], " outside [0, ", experts,
+              ")");
+    slots.push_back(i);
+  }
   std::stable_sort(slots.begin(), slots.end(), [&](std::int64_t a, std::int64_t b) {
     return chosen[a] < chosen[b] || (chosen[a] == chosen[b] && by_weight && weights[a] > weights[b]);
   });
