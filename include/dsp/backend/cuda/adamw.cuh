@@ -10,6 +10,7 @@
 
 #include "dsp/backend/cuda/cuda.hpp"
 #include "dsp/backend/cuda/error.hpp"
+#include "dsp/backend/cuda/grid_stride.cuh"
 #include "dsp/backend/cuda/launch.hpp"
 #include "dsp/backend/host/adamw.hpp"
 
@@ -18,8 +19,7 @@ namespace dsp::backend {
 namespace detail {
 template <int = 0>
 __global__ void adamw_kernel(AdamwStep s, std::int64_t n, float* p, const float* g, float* m, float* v) {
-  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += std::int64_t(gridDim.x) * blockDim.x)
+  for (const std::int64_t i : grid_stride(n))
     adamw_element(s, p[i], g[i], m[i], v[i]);
 }
 }  // namespace detail

@@ -11,6 +11,7 @@
 
 #include "dsp/backend/cuda/cuda.hpp"
 #include "dsp/backend/cuda/error.hpp"
+#include "dsp/backend/cuda/grid_stride.cuh"
 #include "dsp/backend/cuda/launch.hpp"
 #include "dsp/backend/cuda/memory.hpp"
 #include "dsp/backend/cuda/reduce.cuh"
@@ -42,8 +43,7 @@ __global__ void row_sum_exp_kernel(const float* logits, std::int64_t cols, std::
 template <int = 0>
 __global__ void gather_target_logit_kernel(const float* logits, const std::int32_t* targets, std::int64_t tokens,
                                            std::int64_t cols, std::int64_t col_offset, float* out) {
-  for (std::int64_t t = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; t < tokens;
-       t += std::int64_t(gridDim.x) * blockDim.x) {
+  for (const std::int64_t t : grid_stride(tokens)) {
     const std::int64_t j = targets[t] - col_offset;
     out[t] = targets[t] >= 0 && j >= 0 && j < cols ? logits[t * cols + j] : 0.0f;
   }
@@ -73,8 +73,7 @@ __global__ void cross_entropy_backward_kernel(const float* logits, const std::in
 template <int = 0>
 __global__ void count_bad_targets_kernel(const std::int32_t* targets, std::int64_t tokens, std::int64_t valid,
                                          int* bad) {
-  for (std::int64_t t = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; t < tokens;
-       t += std::int64_t(gridDim.x) * blockDim.x) {
+  for (const std::int64_t t : grid_stride(tokens)) {
     if (targets[t] >= valid) {
       atomicAdd(&bad[0], 1);
       atomicMax(&bad[1], targets[t]);
@@ -85,8 +84,7 @@ __global__ void count_bad_targets_kernel(const std::int32_t* targets, std::int64
 template <int = 0>
 __global__ void cross_entropy_loss_kernel(const std::int32_t* targets, std::int64_t tokens, const float* row_max,
                                           const float* sum_exp, float* loss) {
-  for (std::int64_t t = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; t < tokens;
-       t += std::int64_t(gridDim.x) * blockDim.x)
+  for (const std::int64_t t : grid_stride(tokens))
     loss[t] = targets[t] < 0 ? 0.0f : logf(sum_exp[t]) + row_max[t] - loss[t];
 }
 

@@ -14,6 +14,7 @@
 #include "dsp/backend/cuda/cublas.hpp"
 #include "dsp/backend/cuda/cuda.hpp"
 #include "dsp/backend/cuda/error.hpp"
+#include "dsp/backend/cuda/grid_stride.cuh"
 #include "dsp/backend/cuda/launch.hpp"
 #include "dsp/backend/cuda/memory.hpp"
 #include "dsp/backend/cuda/reduce.cuh"
@@ -24,8 +25,7 @@ namespace detail {
 
 template <int = 0>
 __global__ void fill_kernel(std::int64_t n, float value, float* y) {
-  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += std::int64_t(gridDim.x) * blockDim.x)
+  for (const std::int64_t i : grid_stride(n))
     y[i] = value;
 }
 
@@ -34,8 +34,7 @@ __global__ void fill_kernel(std::int64_t n, float value, float* y) {
 template <int = 0>
 __global__ void dot_fp64_kernel(std::int64_t n, const float* x, const float* y, const float* w, double* out) {
   double s = 0.0;
-  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += std::int64_t(gridDim.x) * blockDim.x)
+  for (const std::int64_t i : grid_stride(n))
     s += (w ? double(w[i]) : 1.0) * double(x[i]) * y[i];
   s = block_sum(s);
   if (threadIdx.x == 0) atomicAdd(out, s);

@@ -11,6 +11,7 @@
 
 #include "dsp/backend/cuda/cuda.hpp"
 #include "dsp/backend/cuda/error.hpp"
+#include "dsp/backend/cuda/grid_stride.cuh"
 #include "dsp/backend/cuda/launch.hpp"
 
 namespace dsp::backend {
@@ -21,8 +22,7 @@ template <int = 0>
 __global__ void embedding_forward_kernel(const std::int32_t* ids, std::int64_t tokens, const float* table,
                                          std::int64_t rows, std::int64_t row_offset, std::int64_t hidden,
                                          float* out) {
-  for (std::int64_t e = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; e < tokens * hidden;
-       e += std::int64_t(gridDim.x) * blockDim.x) {
+  for (const std::int64_t e : grid_stride(tokens * hidden)) {
     const std::int64_t t = e / hidden, j = e % hidden, row = ids[t] - row_offset;
     out[e] = row >= 0 && row < rows ? table[row * hidden + j] : 0.0f;
   }
@@ -32,8 +32,7 @@ template <int = 0>
 __global__ void embedding_backward_kernel(const std::int32_t* ids, std::int64_t tokens, const float* dout,
                                           std::int64_t rows, std::int64_t row_offset, std::int64_t hidden,
                                           float* dtable) {
-  for (std::int64_t e = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; e < tokens * hidden;
-       e += std::int64_t(gridDim.x) * blockDim.x) {
+  for (const std::int64_t e : grid_stride(tokens * hidden)) {
     const std::int64_t t = e / hidden, j = e % hidden, row = ids[t] - row_offset;
     if (row >= 0 && row < rows) atomicAdd(&dtable[row * hidden + j], dout[e]);
   }

@@ -16,6 +16,7 @@
 
 #include "dsp/backend/cuda/cuda.hpp"
 #include "dsp/backend/cuda/error.hpp"
+#include "dsp/backend/cuda/grid_stride.cuh"
 #include "dsp/backend/cuda/launch.hpp"
 #include "dsp/backend/cuda/memory.hpp"
 #include "dsp/backend/cuda/reduce.cuh"
@@ -32,8 +33,7 @@ template <int = 0>
 __global__ void expert_keys_kernel(const std::int32_t* experts, const std::uint8_t* kept, std::int64_t assignments,
                                    std::int64_t num_experts, std::int32_t* keys, std::int64_t* values,
                                    unsigned long long* counts, unsigned long long* status) {
-  for (std::int64_t a = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; a < assignments;
-       a += std::int64_t(gridDim.x) * blockDim.x) {
+  for (const std::int64_t a : grid_stride(assignments)) {
     values[a] = a;
     const bool keep = !kept || kept[a];
     const std::int32_t e = experts[a];
@@ -52,8 +52,7 @@ __global__ void expert_keys_kernel(const std::int32_t* experts, const std::uint8
 template <int = 0>
 __global__ void permute_rows_kernel(const float* x, const std::int64_t* order, std::int64_t n, std::int64_t top_k,
                                     std::int64_t hidden, float* out) {
-  for (std::int64_t e = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; e < n * hidden;
-       e += std::int64_t(gridDim.x) * blockDim.x) {
+  for (const std::int64_t e : grid_stride(n * hidden)) {
     const std::int64_t i = e / hidden, j = e % hidden;
     out[e] = x[(order[i] / top_k) * hidden + j];
   }
@@ -64,8 +63,7 @@ __global__ void permute_rows_kernel(const float* x, const std::int64_t* order, s
 template <int = 0>
 __global__ void scatter_rows_add_kernel(const float* rows, const float* weights, const std::int64_t* order,
                                         std::int64_t n, std::int64_t top_k, std::int64_t hidden, float* dst) {
-  for (std::int64_t e = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; e < n * hidden;
-       e += std::int64_t(gridDim.x) * blockDim.x) {
+  for (const std::int64_t e : grid_stride(n * hidden)) {
     const std::int64_t i = e / hidden, j = e % hidden;
     const float w = weights ? weights[order[i]] : 1.0f;
     atomicAdd(&dst[(order[i] / top_k) * hidden + j], w * rows[e]);

@@ -11,6 +11,7 @@
 
 #include "dsp/backend/cuda/cuda.hpp"
 #include "dsp/backend/cuda/error.hpp"
+#include "dsp/backend/cuda/grid_stride.cuh"
 #include "dsp/backend/cuda/launch.hpp"
 #include "dsp/backend/cuda/reduce.cuh"
 
@@ -48,8 +49,7 @@ __global__ void rms_norm_backward_input_kernel(const float* x, const float* w, c
 template <int = 0>
 __global__ void rms_norm_backward_weight_kernel(const float* x, const float* rstd, const float* dy,
                                                 std::int64_t tokens, std::int64_t hidden, float* dw) {
-  for (std::int64_t j = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; j < hidden;
-       j += std::int64_t(gridDim.x) * blockDim.x) {
+  for (const std::int64_t j : grid_stride(hidden)) {
     float acc = dw[j];
     for (std::int64_t t = 0; t < tokens; ++t) acc += dy[t * hidden + j] * x[t * hidden + j] * rstd[t];
     dw[j] = acc;

@@ -11,6 +11,7 @@
 
 #include "dsp/backend/cuda/cuda.hpp"
 #include "dsp/backend/cuda/error.hpp"
+#include "dsp/backend/cuda/grid_stride.cuh"
 #include "dsp/backend/cuda/launch.hpp"
 #include "dsp/backend/host/rope.hpp"
 
@@ -22,8 +23,7 @@ template <int = 0>
 __global__ void rope_rotate_kernel(const float* x, const std::int32_t* positions, std::int64_t tokens,
                                    std::int64_t heads, std::int64_t head_dim, float theta, double sign, float* y) {
   const std::int64_t half = head_dim / 2, pairs = tokens * heads * half;
-  for (std::int64_t p = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; p < pairs;
-       p += std::int64_t(gridDim.x) * blockDim.x) {
+  for (const std::int64_t p : grid_stride(pairs)) {
     const std::int64_t i = p % half, row = p / half, t = row / heads;  // row = t * heads + head
     const double angle = sign * positions[t] * rope_inv_freq(i, head_dim, theta);
     const float c = static_cast<float>(cos(angle)), s = static_cast<float>(sin(angle));

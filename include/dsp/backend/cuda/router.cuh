@@ -18,6 +18,7 @@
 
 #include "dsp/backend/cuda/cuda.hpp"
 #include "dsp/backend/cuda/error.hpp"
+#include "dsp/backend/cuda/grid_stride.cuh"
 #include "dsp/backend/cuda/launch.hpp"
 #include "dsp/backend/cuda/memory.hpp"
 #include "dsp/backend/cuda/reduce.cuh"
@@ -33,8 +34,7 @@ __global__ void router_topk_kernel(const float* scores, const float* bias, std::
                                    std::int64_t groups, std::int64_t group_topk, std::int64_t top_k, float* biased,
                                    float* group_score, std::int32_t* group_order, std::int32_t* chosen,
                                    unsigned long long* nan_at) {
-  for (std::int64_t t = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; t < tokens;
-       t += std::int64_t(gridDim.x) * blockDim.x) {
+  for (const std::int64_t t : grid_stride(tokens)) {
     const std::int64_t e = route_token(scores + t * experts, bias, experts, groups, group_topk, top_k,
                                        biased + t * experts, group_score + t * groups, group_order + t * groups,
                                        chosen + t * top_k);
@@ -46,8 +46,7 @@ template <int = 0>
 __global__ void router_gate_weights_kernel(const float* scores, const std::int32_t* chosen, std::int64_t tokens,
                                            std::int64_t experts, std::int64_t top_k, bool normalize, float scale,
                                            float* weights) {
-  for (std::int64_t t = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; t < tokens;
-       t += std::int64_t(gridDim.x) * blockDim.x) {
+  for (const std::int64_t t : grid_stride(tokens)) {
     double sum = 0.0;
     for (std::int64_t j = 0; j < top_k; ++j) sum += scores[t * experts + chosen[t * top_k + j]];
     const float denom = normalize ? static_cast<float>(sum + 1e-20) : 1.0f;
@@ -62,8 +61,7 @@ __global__ void router_gate_weights_backward_kernel(const float* scores, const s
                                                     const std::uint8_t* kept, const float* dweights,
                                                     std::int64_t tokens, std::int64_t experts, std::int64_t top_k,
                                                     bool normalize, float scale, float* dscores) {
-  for (std::int64_t t = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; t < tokens;
-       t += std::int64_t(gridDim.x) * blockDim.x) {
+  for (const std::int64_t t : grid_stride(tokens)) {
     const std::int32_t* c = chosen + t * top_k;
     double sum = 0.0, gr = 0.0;
     for (std::int64_t j = 0; j < top_k; ++j) {
@@ -83,8 +81,7 @@ __global__ void router_gate_weights_backward_kernel(const float* scores, const s
 template <int = 0>
 __global__ void sequence_counts_kernel(const std::int32_t* chosen, std::int64_t tokens, std::int64_t experts,
                                        std::int64_t top_k, std::int64_t seq_len, double* count) {
-  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < tokens * top_k;
-       i += std::int64_t(gridDim.x) * blockDim.x)
+  for (const std::int64_t i : grid_stride(tokens * top_k))
     atomicAdd(&count[(i / top_k / seq_len) * experts + chosen[i]], 1.0);
 }
 
@@ -123,8 +120,7 @@ __global__ void sequence_balance_backward_kernel(const float* scores, const doub
 template <int = 0>
 __global__ void expert_counts_kernel(const std::int32_t* chosen, std::int64_t n, std::int64_t experts,
                                      unsigned long long* counts, unsigned long long* first_bad) {
-  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += std::int64_t(gridDim.x) * blockDim.x) {
+  for (const std::int64_t i : grid_stride(n)) {
     const std::int32_t e = chosen[i];
     if (e < 0 || e >= experts) {
       atomicMin(first_bad, static_cast<unsigned long long>(i));
@@ -151,8 +147,7 @@ template <int = 0>
 __global__ void capacity_keys_kernel(const std::int32_t* chosen, const std::uint8_t* kept,
                                      const std::int64_t* slot_of, std::int64_t slots, std::int64_t experts,
                                      std::int32_t* expert_key, unsigned long long* first_bad) {
-  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < slots;
-       i += std::int64_t(gridDim.x) * blockDim.x) {
+  for (const std::int64_t i : grid_stride(slots)) {
     const std::int64_t slot = slot_of ? slot_of[i] : i;
     const std::int32_t e = chosen[slot];
     const bool in_range = e >= 0 && e < experts;
@@ -163,8 +158,7 @@ __global__ void capacity_keys_kernel(const std::int32_t* chosen, const std::uint
 
 template <int = 0>
 __global__ void iota_kernel(std::int64_t n, std::int64_t* out) {
-  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += std::int64_t(gridDim.x) * blockDim.x)
+  for (const std::int64_t i : grid_stride(n))
     out[i] = i;
 }
 
@@ -176,8 +170,7 @@ __global__ void capacity_drop_kernel(const std::int64_t* sorted_slots, const std
                                      const unsigned long long* run_start, std::int64_t slots, std::int64_t experts,
                                      std::int64_t capacity, float* weights, std::uint8_t* kept,
                                      unsigned long long* dropped, unsigned long long* total) {
-  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < slots;
-       i += std::int64_t(gridDim.x) * blockDim.x) {
+  for (const std::int64_t i : grid_stride(slots)) {
     const std::int32_t e = sorted_experts[i];
     if (e == experts || i - std::int64_t(run_start[e]) < capacity) continue;
     const std::int64_t slot = sorted_slots[i];

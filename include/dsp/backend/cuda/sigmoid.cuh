@@ -10,6 +10,7 @@
 
 #include "dsp/backend/cuda/cuda.hpp"
 #include "dsp/backend/cuda/error.hpp"
+#include "dsp/backend/cuda/grid_stride.cuh"
 #include "dsp/backend/cuda/launch.hpp"
 #include "dsp/backend/host/sigmoid.hpp"
 
@@ -18,14 +19,12 @@ namespace dsp::backend {
 namespace detail {
 template <int = 0>
 __global__ void sigmoid_forward_kernel(std::int64_t n, const float* x, float* y) {
-  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += std::int64_t(gridDim.x) * blockDim.x)
+  for (const std::int64_t i : grid_stride(n))
     y[i] = sigmoid(x[i]);
 }
 template <int = 0>
 __global__ void sigmoid_backward_kernel(std::int64_t n, const float* y, const float* dy, float* dx) {
-  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += std::int64_t(gridDim.x) * blockDim.x)
+  for (const std::int64_t i : grid_stride(n))
     dx[i] = dy[i] * y[i] * (1.0f - y[i]);
 }
 }  // namespace detail

@@ -11,6 +11,7 @@
 
 #include "dsp/backend/cuda/cuda.hpp"
 #include "dsp/backend/cuda/error.hpp"
+#include "dsp/backend/cuda/grid_stride.cuh"
 #include "dsp/backend/cuda/launch.hpp"
 #include "dsp/backend/host/swiglu.hpp"
 
@@ -20,8 +21,7 @@ namespace detail {
 
 template <int = 0>
 __global__ void swiglu_forward_kernel(const float* gate_up, std::int64_t tokens, std::int64_t ffn, float* out) {
-  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < tokens * ffn;
-       i += std::int64_t(gridDim.x) * blockDim.x) {
+  for (const std::int64_t i : grid_stride(tokens * ffn)) {
     const std::int64_t t = i / ffn, j = i % ffn;
     const float* g = gate_up + t * 2 * ffn;
     out[i] = swiglu(g[j], g[ffn + j]);
@@ -31,8 +31,7 @@ __global__ void swiglu_forward_kernel(const float* gate_up, std::int64_t tokens,
 template <int = 0>
 __global__ void swiglu_backward_kernel(const float* gate_up, const float* dout, std::int64_t tokens, std::int64_t ffn,
                                        float* dgate_up) {
-  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < tokens * ffn;
-       i += std::int64_t(gridDim.x) * blockDim.x) {
+  for (const std::int64_t i : grid_stride(tokens * ffn)) {
     const std::int64_t t = i / ffn, j = i % ffn;
     const float* g = gate_up + t * 2 * ffn;
     const SwigluGrad grad = swiglu_grad(g[j], g[ffn + j], dout[i]);
