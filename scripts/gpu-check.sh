@@ -74,10 +74,12 @@ set -e
   grep -E 'tests passed|tests failed|Skipped|Failed|\*\*\*' "$ctest_log" || true
   echo '```'
 } >> "$out"
-# Here a skipped GPU test is a failure: it means the test binary saw no device.
+# Here a skipped GPU test is a failure: it means the test binary saw no device. The benchmark
+# still runs (device time is scarce; its `wrong` column checks its own results).
+tests_ok=1
 if [[ $ctest_rc -ne 0 ]] || grep -q 'Skipped' "$ctest_log"; then
-  echo "gpu-check: GPU tests failed or skipped (see above); results so far in $out" >&2
-  exit 1
+  tests_ok=0
+  echo "gpu-check: GPU tests failed or skipped (see above); going on to the benchmark" >&2
 fi
 
 echo "=== gpu-check: bf16 GEMM"
@@ -93,7 +95,11 @@ print("\n## bf16 GEMM (bench_gemm_cuda, TFLOP/s = 2mnk / time / 1e12)\n")
 print("| shape | dsp TFLOP/s | cuBLAS TFLOP/s | dsp / cuBLAS | wrong |")
 print("| --- | ---: | ---: | ---: | ---: |")
 for shape, r in rows.items():
-    d, c = r["dsp"], r["cublas"]
+    d, c = r.get("dsp", {}), r.get("cublas", {})
+    errors = sorted({x["error_message"] for x in (d, c) if x.get("error_occurred")})
+    if errors or "TFLOPs" not in d or "TFLOPs" not in c:
+        print(f"| {shape} | error: {'; '.join(errors) or 'missing result'} | | | |")
+        continue
     print(f"| {shape} | {d['TFLOPs']:.0f} | {c['TFLOPs']:.0f} | {d['TFLOPs'] / c['TFLOPs']:.3f} | "
           f"{int(d['wrong'] + c['wrong'])} |")
 PY
@@ -108,3 +114,4 @@ PY
   echo "gpu-check took $((SECONDS - start)) s."
 } >> "$out"
 echo "=== gpu-check: done in $((SECONDS - start)) s; results in $out"
+((tests_ok)) || { echo "gpu-check: FAILED: GPU tests failed or skipped" >&2; exit 1; }
