@@ -26,6 +26,26 @@ start=$SECONDS
 if ! command -v nvcc > /dev/null && [[ -x /usr/local/cuda/bin/nvcc ]]; then
   export PATH=/usr/local/cuda/bin:$PATH
 fi
+# Libraries carried from a development machine (scripts/gpu-deps.sh), when there.
+cmake_deps=()
+if [[ -d .gpu-deps/root/usr ]]; then
+  deps=$PWD/.gpu-deps/root/usr
+  arch_lib=$deps/lib/x86_64-linux-gnu
+  export CPATH=$deps/include:$deps/include/x86_64-linux-gnu/openblas-pthread${CPATH:+:$CPATH}
+  export LIBRARY_PATH=$arch_lib:$arch_lib/openblas-pthread${LIBRARY_PATH:+:$LIBRARY_PATH}
+  export LD_LIBRARY_PATH=$arch_lib:$arch_lib/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  cmake_deps=(-DCMAKE_PREFIX_PATH="$deps" -DBLAS_LIBRARIES="$arch_lib/openblas-pthread/libopenblas.so")
+  echo "=== gpu-check: using the carried libraries in $deps"
+fi
+# NCCL from PyTorch's wheel (nvidia-nccl-cu13) where the toolkit has none beside it.
+if [[ ! -e /usr/local/cuda/include/nccl.h ]]; then
+  nccl=$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2> /dev/null || true)
+  if [[ -n $nccl && -e $nccl/include/nccl.h && -e $nccl/lib/libnccl.so.2 ]]; then
+    cmake_deps+=(-DDSP_NCCL_INCLUDE_DIR="$nccl/include" -DDSP_NCCL_LIBRARY="$nccl/lib/libnccl.so.2")
+    export LD_LIBRARY_PATH=$nccl/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    echo "=== gpu-check: using NCCL from $nccl"
+  fi
+fi
 missing=()
 for tool in nvidia-smi nvcc cmake python3 c++; do
   command -v "$tool" > /dev/null || missing+=("$tool")
@@ -34,7 +54,8 @@ for header in cblas.h doctest/doctest.h benchmark/benchmark.h nlohmann/json.hpp 
   printf '#include <%s>\n' "$header" | c++ -E -x c++ - > /dev/null 2>&1 || missing+=("$header")
 done
 if ((${#missing[@]})); then
-  echo "gpu-check: missing here: ${missing[*]} (scripts/setup.sh installs the libraries from Debian)" >&2
+  echo "gpu-check: missing here: ${missing[*]} (scripts/setup.sh installs the libraries from Debian;" \
+    "where there is no network, carry .gpu-deps made by scripts/gpu-deps.sh)" >&2
   exit 1
 fi
 cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d '. ')
@@ -52,7 +73,7 @@ cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d 
 echo "=== gpu-check: configure and build for sm_$cc"
 mkdir -p "$build"
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DDSP_ENABLE_CUDA=ON -DDSP_ENABLE_MPI=OFF \
-  -DCMAKE_CUDA_ARCHITECTURES="$cc" > "$build/configure.log" 2>&1 ||
+  -DCMAKE_CUDA_ARCHITECTURES="$cc" "${cmake_deps[@]}" > "$build/configure.log" 2>&1 ||
   { cat "$build/configure.log"; exit 1; }
 cmake --build "$build" -j"$(nproc)" --target dsp_cuda_tests bench_gemm_cuda
 
