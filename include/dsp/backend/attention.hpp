@@ -33,10 +33,9 @@ inline void check_attention_shape(std::int64_t q_heads, std::int64_t kv_heads, s
 /// key gets a zero row and a zero output). probs may be nullptr (inference): a
 /// [q_len, kv_len] scratch buffer is used instead.
 template <class Backend>
-void attention_forward(Backend hst, const float* q, const float* k, const float* v,
-                              const std::int32_t* q_positions, std::int64_t batch, std::int64_t q_len,
-                              std::int64_t kv_len, std::int64_t q_heads, std::int64_t kv_heads,
-                              std::int64_t head_dim, float* out, float* probs) {
+void attention_forward(Backend hst, const float* q, const float* k, const float* v, const std::int32_t* q_positions,
+                       std::int64_t batch, std::int64_t q_len, std::int64_t kv_len, std::int64_t q_heads,
+                       std::int64_t kv_heads, std::int64_t head_dim, float* out, float* probs) {
   detail::check_attention_shape(q_heads, kv_heads, head_dim);
   const std::int64_t group = q_heads / kv_heads;
   const std::int64_t ldq = q_heads * head_dim, ldk = kv_heads * head_dim;
@@ -64,9 +63,9 @@ void attention_forward(Backend hst, const float* q, const float* k, const float*
 /// dq [batch, q_len, q_heads, head_dim], dk and dv [batch, kv_len, kv_heads, head_dim].
 template <class Backend>
 void attention_backward(Backend hst, const float* q, const float* k, const float* v, const float* probs,
-                               const float* dout, std::int64_t batch, std::int64_t q_len, std::int64_t kv_len,
-                               std::int64_t q_heads, std::int64_t kv_heads, std::int64_t head_dim, float* dq,
-                               float* dk, float* dv) {
+                        const float* dout, std::int64_t batch, std::int64_t q_len, std::int64_t kv_len,
+                        std::int64_t q_heads, std::int64_t kv_heads, std::int64_t head_dim, float* dq, float* dk,
+                        float* dv) {
   detail::check_attention_shape(q_heads, kv_heads, head_dim);
   const std::int64_t group = q_heads / kv_heads;
   const std::int64_t ldq = q_heads * head_dim, ldk = kv_heads * head_dim;

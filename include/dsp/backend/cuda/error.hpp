@@ -54,8 +54,8 @@ constexpr bool cuda_error_is_sticky(cudaError_t e) {
 
 /// "cudaMalloc(&p, n) failed: cudaErrorMemoryAllocation (out of memory) at file.hpp:12".
 inline std::string cuda_error_message(cudaError_t e, const char* call, const char* file, int line) {
-  return dsp::detail::concat(call, " failed: ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ") at ", file, ":",
-                        line);
+  return dsp::detail::concat(call, " failed: ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ") at ", file,
+                             ":", line);
 }
 
 /// DSP_CUDA_CHECK's body: nothing on cudaSuccess; prints and aborts on a sticky error; else
@@ -87,8 +87,8 @@ inline void cuda_check_nothrow(cudaError_t e, const char* call, const char* file
 /// then aborts through cuda_check.)
 inline void cublas_check(cublasStatus_t s, const char* call, const char* file, int line) {
   if (s == CUBLAS_STATUS_SUCCESS) return;
-  throw CudaError(dsp::detail::concat(call, " failed: ", cublasGetStatusName(s), " (", cublasGetStatusString(s), ") at ",
-                                 file, ":", line));
+  throw CudaError(dsp::detail::concat(call, " failed: ", cublasGetStatusName(s), " (", cublasGetStatusString(s),
+                                      ") at ", file, ":", line));
 }
 
 }  // namespace dsp::backend::detail

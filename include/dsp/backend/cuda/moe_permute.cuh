@@ -16,6 +16,7 @@
 
 #include "dsp/backend/cuda/cuda.hpp"
 #include "dsp/backend/cuda/error.hpp"
+#include "dsp/backend/cuda/first_index.cuh"
 #include "dsp/backend/cuda/grid_stride.cuh"
 #include "dsp/backend/cuda/launch.hpp"
 #include "dsp/backend/cuda/memory.hpp"
@@ -27,12 +28,13 @@ namespace dsp::backend {
 namespace detail {
 
 /// keys[a] = experts[a] for kept assignments, num_experts (sorts after every expert) for the
-/// others; values[a] = a; counts[e] += kept assignments of expert e; status[0] += kept,
-/// status[1] = the lowest assignment whose expert is outside [0, num_experts) (all ones: none).
+/// others; values[a] = a; counts[e] += kept assignments of expert e; *kept_total += kept; a kept
+/// assignment whose expert is outside [0, num_experts) is reported to first_bad (FirstIndex).
 template <int = 0>
 __global__ void expert_keys_kernel(const std::int32_t* experts, const std::uint8_t* kept, std::int64_t assignments,
                                    std::int64_t num_experts, std::int32_t* keys, std::int64_t* values,
-                                   unsigned long long* counts, unsigned long long* status) {
+                                   unsigned long long* counts, unsigned long long* kept_total,
+                                   unsigned long long* first_bad) {
   for (const std::int64_t a : grid_stride(assignments)) {
     values[a] = a;
     const bool keep = !kept || kept[a];
@@ -41,11 +43,11 @@ __global__ void expert_keys_kernel(const std::int32_t* experts, const std::uint8
     if (!keep) continue;
     if (e < 0 || e >= num_experts) {
       keys[a] = std::int32_t(num_experts);
-      atomicMin(&status[1], static_cast<unsigned long long>(a));
+      report_index(first_bad, a);
       continue;
     }
     atomicAdd(&counts[e], 1ull);
-    atomicAdd(&status[0], 1ull);
+    atomicAdd(kept_total, 1ull);
   }
 }
 
@@ -108,11 +110,12 @@ inline std::int64_t sort_by_expert(Cuda b, const std::int32_t* experts, const st
   const memory::CategoryScope scope(memory::Category::Workspace);
   DeviceBuffer<std::int32_t> keys(b, std::size_t(assignments)), sorted_keys(b, std::size_t(assignments));
   DeviceBuffer<std::int64_t> values(b, std::size_t(assignments));
-  DeviceBuffer<unsigned long long> status(b, 2);
-  DSP_CUDA_CHECK(cudaMemsetAsync(status.data(), 0, sizeof(unsigned long long), b.stream));
-  DSP_CUDA_CHECK(cudaMemsetAsync(status.data() + 1, 0xff, sizeof(unsigned long long), b.stream));
+  DeviceBuffer<unsigned long long> kept_total(b, 1);
+  DSP_CUDA_CHECK(cudaMemsetAsync(kept_total.data(), 0, kept_total.bytes(), b.stream));
+  detail::FirstIndex first_bad(b);
   detail::expert_keys_kernel<<<detail::elementwise_blocks(assignments), detail::kBlockThreads, 0, b.stream>>>(
-      experts, kept, assignments, num_experts, keys.data(), values.data(), ucounts, status.data());
+      experts, kept, assignments, num_experts, keys.data(), values.data(), ucounts, kept_total.data(),
+      first_bad.data());
   DSP_CUDA_CHECK(cudaGetLastError());
   // Keys lie in [0, num_experts]: only their low bits take part in the sort.
   const int end_bit = std::bit_width(static_cast<std::uint64_t>(num_experts));
@@ -122,12 +125,10 @@ inline std::int64_t sort_by_expert(Cuda b, const std::int32_t* experts, const st
   DeviceBuffer<char> temp(b, std::max<std::size_t>(temp_bytes, 1));  // a null pointer would only query the size
   DSP_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.data(), temp_bytes, keys.data(), sorted_keys.data(),
                                                  values.data(), order, assignments, 0, end_bit, b.stream));
-  const std::vector<unsigned long long> s = to_host(b, status.data(), 2);
-  if (s[1] != ~0ull) {  // the Host op names the first bad expert in assignment order
-    const std::int32_t bad = to_host(b, experts + s[1], 1)[0];
-    throw Error(dsp::detail::concat("sort_by_expert: expert ", bad, " outside [0, ", num_experts, ")"));
-  }
-  return static_cast<std::int64_t>(s[0]);
+  if (const std::int64_t at = first_bad.read(); at >= 0)  // the Host op names the first bad expert in order
+    throw Error(dsp::detail::concat("sort_by_expert: expert ", to_host(b, experts + at, 1)[0], " outside [0, ",
+                                    num_experts, ")"));
+  return static_cast<std::int64_t>(to_host(b, kept_total.data(), 1)[0]);
 }
 
 /// The Host permute_rows on b.stream: out [n, hidden] row i = x [tokens, hidden] row

@@ -1,8 +1,9 @@
 #pragma once
 // Mixture-of-experts routing on the GPU, the Host ops' contracts (backend/host/router.hpp):
-// top-k selection by the shared detail::route_token (one thread per token), gate weights and
-// their backward (one thread per token), the sequence-wise balance loss and its backward (one
-// block per token), expert counts, the bias step, and capacity dropping (CUB radix sorts).
+// top-k selection (detail::route_token) and the gate weights and their backward
+// (detail::gate_weights_token, gate_weights_backward_token), the per-token code shared with the
+// Host ops, one thread per token; the sequence-wise balance loss and its backward (one block per
+// token); expert counts; the bias step; capacity dropping (CUB radix sorts and scan).
 // Ops that report a value or an input error to the host wait for b.stream (said per op).
 #if !defined(__CUDACC__)
 #error "dsp/backend/cuda/router.cuh defines CUDA kernels: include it from a .cu file compiled by nvcc"
@@ -18,6 +19,7 @@
 
 #include "dsp/backend/cuda/cuda.hpp"
 #include "dsp/backend/cuda/error.hpp"
+#include "dsp/backend/cuda/first_index.cuh"
 #include "dsp/backend/cuda/grid_stride.cuh"
 #include "dsp/backend/cuda/launch.hpp"
 #include "dsp/backend/cuda/memory.hpp"
@@ -38,7 +40,7 @@ __global__ void router_topk_kernel(const float* scores, const float* bias, std::
     const std::int64_t e = route_token(scores + t * experts, bias, experts, groups, group_topk, top_k,
                                        biased + t * experts, group_score + t * groups, group_order + t * groups,
                                        chosen + t * top_k);
-    if (e >= 0) atomicMin(nan_at, static_cast<unsigned long long>(t * experts + e));
+    if (e >= 0) report_index(nan_at, t * experts + e);
   }
 }
 
@@ -46,13 +48,8 @@ template <int = 0>
 __global__ void router_gate_weights_kernel(const float* scores, const std::int32_t* chosen, std::int64_t tokens,
                                            std::int64_t experts, std::int64_t top_k, bool normalize, float scale,
                                            float* weights) {
-  for (const std::int64_t t : grid_stride(tokens)) {
-    double sum = 0.0;
-    for (std::int64_t j = 0; j < top_k; ++j) sum += scores[t * experts + chosen[t * top_k + j]];
-    const float denom = normalize ? static_cast<float>(sum + 1e-20) : 1.0f;
-    for (std::int64_t j = 0; j < top_k; ++j)
-      weights[t * top_k + j] = scale * (scores[t * experts + chosen[t * top_k + j]] / denom);
-  }
+  for (const std::int64_t t : grid_stride(tokens))
+    gate_weights_token(scores + t * experts, chosen + t * top_k, top_k, normalize, scale, weights + t * top_k);
 }
 
 /// dscores must be zero already (the unchosen experts stay 0).
@@ -61,20 +58,9 @@ __global__ void router_gate_weights_backward_kernel(const float* scores, const s
                                                     const std::uint8_t* kept, const float* dweights,
                                                     std::int64_t tokens, std::int64_t experts, std::int64_t top_k,
                                                     bool normalize, float scale, float* dscores) {
-  for (const std::int64_t t : grid_stride(tokens)) {
-    const std::int32_t* c = chosen + t * top_k;
-    double sum = 0.0, gr = 0.0;
-    for (std::int64_t j = 0; j < top_k; ++j) {
-      const double g = kept && !kept[t * top_k + j] ? 0.0 : double(dweights[t * top_k + j]);
-      sum += scores[t * experts + c[j]];
-      gr += g * scores[t * experts + c[j]];
-    }
-    const double d = normalize ? static_cast<float>(sum + 1e-20) : 1.0;
-    for (std::int64_t j = 0; j < top_k; ++j) {
-      const double g = kept && !kept[t * top_k + j] ? 0.0 : double(dweights[t * top_k + j]);
-      dscores[t * experts + c[j]] = static_cast<float>(scale * (normalize ? g / d - gr / (d * d) : g));
-    }
-  }
+  for (const std::int64_t t : grid_stride(tokens))
+    gate_weights_backward_token(scores + t * experts, chosen + t * top_k, kept ? kept + t * top_k : nullptr,
+                                dweights + t * top_k, top_k, normalize, scale, dscores + t * experts);
 }
 
 /// count [sequences, experts] += 1 per choice of an expert by a token of the sequence.
@@ -93,7 +79,8 @@ __global__ void sequence_probs_kernel(const float* scores, std::int64_t experts,
   double sum = 0.0;
   for (std::int64_t e = threadIdx.x; e < experts; e += blockDim.x) sum += s[e];
   const double denom = block_sum(sum) + 1e-20;
-  for (std::int64_t e = threadIdx.x; e < experts; e += blockDim.x) atomicAdd(&p[(t / seq_len) * experts + e], s[e] / denom);
+  for (std::int64_t e = threadIdx.x; e < experts; e += blockDim.x)
+    atomicAdd(&p[(t / seq_len) * experts + e], s[e] / denom);
 }
 
 /// One block per token t: ds_t,e = c_e / D_t - sum_i c_i s_t,i / D_t^2 with c = count (row of
@@ -115,15 +102,15 @@ __global__ void sequence_balance_backward_kernel(const float* scores, const doub
     dscores[t * experts + e] = static_cast<float>(c[e] * unit / d - cs / (d * d));
 }
 
-/// counts [experts] += choices; *first_bad = the lowest i with chosen[i] outside [0, experts)
-/// (left as it was when there is none).
+/// counts [experts] += choices; an i with chosen[i] outside [0, experts) is reported to
+/// first_bad (FirstIndex) instead.
 template <int = 0>
 __global__ void expert_counts_kernel(const std::int32_t* chosen, std::int64_t n, std::int64_t experts,
                                      unsigned long long* counts, unsigned long long* first_bad) {
   for (const std::int64_t i : grid_stride(n)) {
     const std::int32_t e = chosen[i];
     if (e < 0 || e >= experts) {
-      atomicMin(first_bad, static_cast<unsigned long long>(i));
+      report_index(first_bad, i);
       continue;
     }
     atomicAdd(&counts[e], 1ull);
@@ -141,8 +128,8 @@ __global__ void expert_bias_update_kernel(float* bias, const std::int64_t* load,
 }
 
 /// expert_key[i] = the expert of slot slot_of[i] (slot_of nullptr: slot i) when it is kept,
-/// `experts` (sorts after every expert) when not or when the expert is out of range; then
-/// *first_bad = the lowest such out-of-range slot (left as it was when there is none).
+/// `experts` (sorts after every expert) when not or when the expert is out of range; a kept
+/// slot whose expert is out of range is reported to first_bad (FirstIndex).
 template <int = 0>
 __global__ void capacity_keys_kernel(const std::int32_t* chosen, const std::uint8_t* kept,
                                      const std::int64_t* slot_of, std::int64_t slots, std::int64_t experts,
@@ -151,7 +138,7 @@ __global__ void capacity_keys_kernel(const std::int32_t* chosen, const std::uint
     const std::int64_t slot = slot_of ? slot_of[i] : i;
     const std::int32_t e = chosen[slot];
     const bool in_range = e >= 0 && e < experts;
-    if (kept[slot] && !in_range) atomicMin(first_bad, static_cast<unsigned long long>(slot));
+    if (kept[slot] && !in_range) report_index(first_bad, slot);
     expert_key[i] = kept[slot] && in_range ? e : std::int32_t(experts);
   }
 }
@@ -193,15 +180,13 @@ inline void router_topk(Cuda b, const float* scores, const float* bias, std::int
   const memory::CategoryScope scope(memory::Category::Workspace);
   DeviceBuffer<float> biased(b, std::size_t(tokens * experts)), group_score(b, std::size_t(tokens * groups));
   DeviceBuffer<std::int32_t> group_order(b, std::size_t(tokens * groups));
-  DeviceBuffer<unsigned long long> nan_at(b, 1);
-  DSP_CUDA_CHECK(cudaMemsetAsync(nan_at.data(), 0xff, sizeof(unsigned long long), b.stream));  // "none"
+  detail::FirstIndex nan_at(b);
   detail::router_topk_kernel<<<detail::elementwise_blocks(tokens), detail::kBlockThreads, 0, b.stream>>>(
       scores, bias, tokens, experts, groups, group_topk, top_k, biased.data(), group_score.data(),
       group_order.data(), chosen, nan_at.data());
   DSP_CUDA_CHECK(cudaGetLastError());
-  const unsigned long long at = to_host(b, nan_at.data(), 1)[0];
-  DSP_CHECK(at == ~0ull, "router: NaN score for token ", std::int64_t(at) / experts, " expert ",
-            std::int64_t(at) % experts);
+  const std::int64_t at = nan_at.read();
+  DSP_CHECK(at < 0, "router: NaN score for token ", at / experts, " expert ", at % experts);
 }
 
 /// The Host router_gate_weights on b.stream: weights [tokens, top_k] = scale * the chosen
@@ -276,13 +261,11 @@ inline void expert_counts(Cuda b, const std::int32_t* chosen, std::int64_t n, st
                           std::int64_t* counts) {
   DSP_CUDA_CHECK(cudaMemsetAsync(counts, 0, std::size_t(experts) * sizeof(std::int64_t), b.stream));
   if (n == 0) return;
-  DeviceBuffer<unsigned long long> first_bad(b, 1, memory::Category::Workspace);
-  DSP_CUDA_CHECK(cudaMemsetAsync(first_bad.data(), 0xff, first_bad.bytes(), b.stream));  // "none"
+  detail::FirstIndex first_bad(b);
   detail::expert_counts_kernel<<<detail::elementwise_blocks(n), detail::kBlockThreads, 0, b.stream>>>(
       chosen, n, experts, reinterpret_cast<unsigned long long*>(counts), first_bad.data());
   DSP_CUDA_CHECK(cudaGetLastError());
-  const unsigned long long at = to_host(b, first_bad.data(), 1)[0];
-  if (at != ~0ull)  // the Host op names the first bad index in order
+  if (const std::int64_t at = first_bad.read(); at >= 0)  // the Host op names the first bad index in order
     throw Error(dsp::detail::concat("expert index ", to_host(b, chosen + at, 1)[0], " outside [0, ", experts, ")"));
 }
 
@@ -313,7 +296,8 @@ inline std::int64_t capacity_drop(Cuda b, const std::int32_t* chosen, std::int64
   DeviceBuffer<float> weight_sorted(b, by_weight ? n : 0);
   DeviceBuffer<std::int64_t> index(b, n), by_weight_order(b, by_weight ? n : 0), sorted_slots(b, n);
   DeviceBuffer<unsigned long long> counts(b, std::size_t(experts) + 1), run_start(b, std::size_t(experts) + 1),
-      total(b, 1), first_bad(b, 1);
+      total(b, 1);
+  detail::FirstIndex first_bad(b);
   const unsigned blocks = detail::elementwise_blocks(slots);
   detail::iota_kernel<<<blocks, detail::kBlockThreads, 0, b.stream>>>(slots, index.data());
   DSP_CUDA_CHECK(cudaGetLastError());
@@ -343,12 +327,10 @@ inline std::int64_t capacity_drop(Cuda b, const std::int32_t* chosen, std::int64
                                                              b.stream));
     values = by_weight_order.data();
   }
-  DSP_CUDA_CHECK(cudaMemsetAsync(first_bad.data(), 0xff, first_bad.bytes(), b.stream));  // "none"
   detail::capacity_keys_kernel<<<blocks, detail::kBlockThreads, 0, b.stream>>>(
       chosen, kept, by_weight ? values : nullptr, slots, experts, expert_key.data(), first_bad.data());
   DSP_CUDA_CHECK(cudaGetLastError());
-  const unsigned long long bad_slot = to_host(b, first_bad.data(), 1)[0];
-  if (bad_slot != ~0ull)
+  if (const std::int64_t bad_slot = first_bad.read(); bad_slot >= 0)
     throw Error(dsp::detail::concat("capacity_drop: expert ", to_host(b, chosen + bad_slot, 1)[0], " outside [0, ",
                                     experts, ")"));
   DSP_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.data(), temp_bytes, expert_key.data(), expert_sorted.data(),

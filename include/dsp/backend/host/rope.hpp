@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "dsp/backend/host/host.hpp"
-#include "dsp/core/host_device.hpp"
 #include "dsp/core/error.hpp"
+#include "dsp/core/host_device.hpp"
 
 namespace dsp::backend {
 

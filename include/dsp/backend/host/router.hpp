@@ -8,13 +8,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <limits>
 #include <numeric>
 #include <vector>
 
 #include "dsp/backend/host/host.hpp"
-#include "dsp/core/host_device.hpp"
 #include "dsp/core/error.hpp"
+#include "dsp/core/host_device.hpp"
 
 namespace dsp::backend {
 
@@ -77,6 +76,34 @@ DSP_HOST_DEVICE inline std::int64_t route_token(const float* scores, const float
   return -1;
 }
 
+/// One token of router_gate_weights: weights [top_k] from scores [experts] and chosen [top_k].
+DSP_HOST_DEVICE inline void gate_weights_token(const float* scores, const std::int32_t* chosen, std::int64_t top_k,
+                                               bool normalize, float scale, float* weights) {
+  double sum = 0.0;
+  for (std::int64_t j = 0; j < top_k; ++j) sum += scores[chosen[j]];
+  const float denom = normalize ? static_cast<float>(sum + 1e-20) : 1.0f;
+  for (std::int64_t j = 0; j < top_k; ++j) weights[j] = scale * (scores[chosen[j]] / denom);
+}
+
+/// One token of router_gate_weights_backward: dscores [experts] at the chosen experts (the
+/// caller zeroes the others) from dweights [top_k]; kept [top_k] may be nullptr (all kept).
+DSP_HOST_DEVICE inline void gate_weights_backward_token(const float* scores, const std::int32_t* chosen,
+                                                        const std::uint8_t* kept, const float* dweights,
+                                                        std::int64_t top_k, bool normalize, float scale,
+                                                        float* dscores) {
+  double sum = 0.0, gr = 0.0;
+  for (std::int64_t j = 0; j < top_k; ++j) {
+    const double g = kept && !kept[j] ? 0.0 : double(dweights[j]);
+    sum += scores[chosen[j]];
+    gr += g * scores[chosen[j]];
+  }
+  const double d = normalize ? static_cast<float>(sum + 1e-20) : 1.0;
+  for (std::int64_t j = 0; j < top_k; ++j) {
+    const double g = kept && !kept[j] ? 0.0 : double(dweights[j]);
+    dscores[chosen[j]] = static_cast<float>(scale * (normalize ? g / d - gr / (d * d) : g));
+  }
+}
+
 }  // namespace detail
 
 /// chosen [tokens, top_k] = per token, the top_k experts by biased score scores[e] + bias[e]
@@ -104,13 +131,8 @@ inline void router_topk(Host, const float* scores, const float* bias, std::int64
 /// Face's and Megatron's). Overwrites weights.
 inline void router_gate_weights(Host, const float* scores, const std::int32_t* chosen, std::int64_t tokens,
                                 std::int64_t experts, std::int64_t top_k, bool normalize, float scale, float* weights) {
-  for (std::int64_t t = 0; t < tokens; ++t) {
-    double sum = 0.0;
-    for (std::int64_t j = 0; j < top_k; ++j) sum += scores[t * experts + chosen[t * top_k + j]];
-    const float denom = normalize ? static_cast<float>(sum + 1e-20) : 1.0f;
-    for (std::int64_t j = 0; j < top_k; ++j)
-      weights[t * top_k + j] = scale * (scores[t * experts + chosen[t * top_k + j]] / denom);
-  }
+  for (std::int64_t t = 0; t < tokens; ++t)
+    detail::gate_weights_token(scores + t * experts, chosen + t * top_k, top_k, normalize, scale, weights + t * top_k);
 }
 
 /// Backward of router_gate_weights: dscores [tokens, experts] from dweights [tokens, top_k];
@@ -124,18 +146,9 @@ inline void router_gate_weights_backward(Host, const float* scores, const std::i
                                          std::int64_t experts, std::int64_t top_k, bool normalize, float scale,
                                          float* dscores) {
   std::fill_n(dscores, tokens * experts, 0.0f);
-  for (std::int64_t t = 0; t < tokens; ++t) {
-    const std::int32_t* c = chosen + t * top_k;
-    const auto g = [&](std::int64_t j) { return kept && !kept[t * top_k + j] ? 0.0 : double(dweights[t * top_k + j]); };
-    double sum = 0.0, gr = 0.0;
-    for (std::int64_t j = 0; j < top_k; ++j) {
-      sum += scores[t * experts + c[j]];
-      gr += g(j) * scores[t * experts + c[j]];
-    }
-    const double d = normalize ? static_cast<float>(sum + 1e-20) : 1.0;
-    for (std::int64_t j = 0; j < top_k; ++j)
-      dscores[t * experts + c[j]] = static_cast<float>(scale * (normalize ? g(j) / d - gr / (d * d) : g(j)));
-  }
+  for (std::int64_t t = 0; t < tokens; ++t)
+    detail::gate_weights_backward_token(scores + t * experts, chosen + t * top_k, kept ? kept + t * top_k : nullptr,
+                                        dweights + t * top_k, top_k, normalize, scale, dscores + t * experts);
 }
 
 /// DeepSeek-V3 eqs 17-20 (sequence-wise balance loss), averaged over the sequences: tokens =
