@@ -91,7 +91,7 @@ TEST_CASE("vocab-parallel embedding and cross-entropy: padding never contributes
       Tensor zeros({3, embed.rows_local()});  // uniform logits over this rank's columns
       tp::VocabParallelCrossEntropy<P>::Saved saved;
       const auto loss = ce.forward(zeros, {1, 4, -1}, saved);
-      const Tensor dz = ce.backward(zeros, {1, 4, -1}, std::vector<float>{1.0f, 1.0f, 1.0f}, saved);
+      const Tensor dz = ce.backward(zeros, {1, 4, -1}, Tensor({3}, {1.0f, 1.0f, 1.0f}), saved);
       std::lock_guard lk(mu);
       CHECK(loss[0] == doctest::Approx(std::log(5.0)).epsilon(1e-6));
       CHECK(loss[2] == 0.0f);  // ignored target

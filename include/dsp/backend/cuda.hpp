@@ -8,6 +8,7 @@
 #include "dsp/backend/cuda/error.hpp"
 #include "dsp/backend/cuda/gemm.hpp"
 #include "dsp/backend/cuda/memory.hpp"
+#include "dsp/backend/cuda/memory_space.hpp"
 #include "dsp/backend/cuda/copy_columns.hpp"
 #include "dsp/backend/cuda/stream.hpp"
 #include "dsp/backend/linear.hpp"

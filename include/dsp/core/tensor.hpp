@@ -1,7 +1,7 @@
 #pragma once
-// Tensor: an owning, contiguous, row-major fp32 array with a shape; TensorView: a
-// non-owning window (pointer + shape) onto the same kind of memory. Host memory only; the
-// CUDA backend (a later issue) brings its own storage.
+// Tensor: an owning, contiguous, row-major fp32 array with a shape, in host memory or in a
+// memory space such as a GPU's (core/memory_space.hpp).
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
@@ -9,10 +9,12 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "dsp/core/error.hpp"
 #include "dsp/core/memory.hpp"
+#include "dsp/core/memory_space.hpp"
 
 namespace dsp {
 
@@ -30,60 +32,107 @@ inline std::string shape_str(const Shape& s) {
   return out + "]";
 }
 
-/// Non-owning view of contiguous fp32 memory with a shape. Cheap to copy.
-class TensorView {
- public:
-  TensorView() = default;
-  TensorView(float* data, Shape shape) : data_(data), shape_(std::move(shape)) {}
-
-  float* data() const { return data_; }
-  const Shape& shape() const { return shape_; }
-  std::int64_t dim(std::size_t i) const { return shape_.at(i); }
-  std::size_t rank() const { return shape_.size(); }
-  std::int64_t numel() const { return dsp::numel(shape_); }
-  std::span<float> span() const { return {data_, static_cast<std::size_t>(numel())}; }
-  float& operator[](std::int64_t i) const { return data_[i]; }
-
- private:
-  float* data_ = nullptr;
-  Shape shape_;
-};
-
-/// Owning contiguous fp32 tensor, zero-initialised. Copyable (deep) and movable. Its storage is
-/// counted by dsp::memory (live and peak bytes of the allocating thread) in the category current
-/// when it is constructed, or the one given; a copy counts in the current category, a moved
-/// tensor keeps its own (core/memory.hpp).
+/// Owning contiguous fp32 tensor, zero-initialised, in host memory or in a MemorySpace (a GPU's
+/// memory): the calling thread's current space (core/memory_space.hpp) when it is constructed
+/// from a shape. Copyable (deep, into the source's space) and movable. Its storage is counted
+/// (live and peak bytes of the allocating thread; host bytes by dsp::memory, a space's in that
+/// space's counters) in the category current when it is constructed, or the one given; a copy
+/// counts in the current category, a moved tensor keeps its own (core/memory.hpp).
+/// Host accessors (span, values, operator[], fill) throw Error for a tensor
+/// that is not on the host: copy it with to_host() first. data() and raw_span() work anywhere,
+/// for ops and communicators of a backend that reads that memory.
 class Tensor {
  public:
   using Storage = std::vector<float, memory::CountingAllocator<float>>;
 
   Tensor() = default;
   explicit Tensor(Shape shape) : Tensor(std::move(shape), memory::current_category()) {}
-  /// Zeros counted in `category` whatever scope is current.
-  Tensor(Shape shape, memory::Category category)
-      : shape_(std::move(shape)),
-        data_(static_cast<std::size_t>(dsp::numel(shape_)), 0.0f, memory::CountingAllocator<float>(category)) {}
-  /// Throws Error when the values do not fill the shape.
+  /// Zeros counted in `category` whatever scope is current, in the current memory space.
+  Tensor(Shape shape, memory::Category category) : Tensor(std::move(shape), category, current_memory_space()) {}
+  /// Zeros counted in `category`, in `space` (null: host memory).
+  Tensor(Shape shape, memory::Category category, MemorySpace* space) : shape_(std::move(shape)) {
+    if (space) {
+      block_ = SpaceAllocation(space, bytes_of(dsp::numel(shape_)), category);
+    } else {
+      data_ = Storage(static_cast<std::size_t>(dsp::numel(shape_)), 0.0f, memory::CountingAllocator<float>(category));
+    }
+  }
+  /// Host values. Throws Error when the values do not fill the shape.
   Tensor(Shape shape, const std::vector<float>& values) : Tensor(std::move(shape), Storage(values.begin(), values.end())) {}
   Tensor(Shape shape, std::initializer_list<float> values) : Tensor(std::move(shape), Storage(values)) {}
   Tensor(Shape shape, Storage values) : shape_(std::move(shape)), data_(std::move(values)) {
     DSP_CHECK(static_cast<std::int64_t>(data_.size()) == dsp::numel(shape_), "Tensor: ", data_.size(),
               " values do not fill shape ", shape_str(shape_));
   }
+  Tensor(const Tensor& o) : shape_(o.shape_), data_(o.data_) {
+    if (!o.block_.space()) return;
+    block_ = SpaceAllocation(o.block_.space(), o.block_.bytes(), memory::current_category());
+    block_.space()->copy(block_.data(), o.block_.data(), block_.bytes());
+  }
+  /// Between host tensors the destination keeps its category (core/memory.hpp); otherwise it
+  /// becomes a copy as by copy construction.
+  Tensor& operator=(const Tensor& o) {
+    if (this == &o) return *this;
+    if (on_host() && o.on_host()) {
+      shape_ = o.shape_;
+      data_ = o.data_;
+    } else {
+      *this = Tensor(o);
+    }
+    return *this;
+  }
+  Tensor(Tensor&&) noexcept = default;
+  Tensor& operator=(Tensor&&) noexcept = default;
 
-  float* data() { return data_.data(); }
-  const float* data() const { return data_.data(); }
+  /// The elements wherever they live (device memory for a device tensor).
+  float* data() { return block_.space() ? static_cast<float*>(block_.data()) : data_.data(); }
+  const float* data() const { return block_.space() ? static_cast<const float*>(block_.data()) : data_.data(); }
+  /// data() as a span: for ops and communicators, never dereferenced here unless on_host().
+  std::span<float> raw_span() { return {data(), static_cast<std::size_t>(numel())}; }
+  std::span<const float> raw_span() const { return {data(), static_cast<std::size_t>(numel())}; }
   const Shape& shape() const { return shape_; }
   std::int64_t dim(std::size_t i) const { return shape_.at(i); }
   std::size_t rank() const { return shape_.size(); }
-  std::int64_t numel() const { return static_cast<std::int64_t>(data_.size()); }
-  bool empty() const { return data_.empty(); }
-  std::span<float> span() { return data_; }
-  std::span<const float> span() const { return data_; }
-  float& operator[](std::int64_t i) { return data_[static_cast<std::size_t>(i)]; }
-  float operator[](std::int64_t i) const { return data_[static_cast<std::size_t>(i)]; }
-  Storage& values() { return data_; }
-  const Storage& values() const { return data_; }
+  std::int64_t numel() const {  // of the storage: 0 for a default-constructed or moved-from tensor
+    return static_cast<std::int64_t>(block_.space() ? block_.bytes() / sizeof(float) : data_.size());
+  }
+  bool empty() const { return numel() == 0; }
+  /// Whether the elements are in host memory (the host accessors below work).
+  bool on_host() const { return !block_.space(); }
+  /// The memory space the elements are in; null for host memory.
+  MemorySpace* space() const { return block_.space(); }
+
+  /// Host accessors: throw Error for a tensor that is not on the host.
+  std::span<float> span() { return host_values(); }
+  std::span<const float> span() const { return const_cast<Tensor*>(this)->host_values(); }
+  float& operator[](std::int64_t i) { return host_values()[static_cast<std::size_t>(i)]; }
+  float operator[](std::int64_t i) const { return const_cast<Tensor*>(this)->host_values()[static_cast<std::size_t>(i)]; }
+  Storage& values() {
+    host_values();
+    return data_;
+  }
+  const Storage& values() const { return const_cast<Tensor*>(this)->values(); }
+  void fill(float v) { std::ranges::fill(host_values(), v); }
+
+  /// Sets every element to zero, wherever they live.
+  void zero() {
+    if (block_.space()) {
+      block_.space()->zero(block_.data(), block_.bytes());
+    } else {
+      std::ranges::fill(data_, 0.0f);
+    }
+  }
+  /// A copy in `space` (null: host memory), counted in the current category.
+  Tensor to(MemorySpace* space) const {
+    if (space == block_.space()) return *this;
+    if (numel() == 0 && shape_.empty()) return Tensor{};  // default-constructed or moved-from
+    Tensor out(shape_, memory::current_category(), space);
+    MemorySpace* copier = space ? space : block_.space();
+    copier->copy(out.data(), data(), static_cast<std::size_t>(numel()) * sizeof(float));
+    return out;
+  }
+  /// A host copy (this tensor itself, copied, when it is on the host already).
+  Tensor to_host() const { return to(nullptr); }
 
   /// Same elements, new shape; throws Error when the element counts differ.
   Tensor& reshape(Shape shape) {
@@ -92,14 +141,18 @@ class Tensor {
     shape_ = std::move(shape);
     return *this;
   }
-  void fill(float v) { std::fill(data_.begin(), data_.end(), v); }
-  void zero() { fill(0.0f); }
-  TensorView view() { return {data_.data(), shape_}; }
-  operator TensorView() { return view(); }
 
  private:
+  static std::size_t bytes_of(std::int64_t n) { return static_cast<std::size_t>(n) * sizeof(float); }
+  std::span<float> host_values() {
+    DSP_CHECK(on_host(), "Tensor ", shape_str(shape_), " is in ", block_.space()->name(),
+              " memory: host code must copy it with to_host() first");
+    return data_;
+  }
+
   Shape shape_;
-  Storage data_;
+  Storage data_;            // host elements
+  SpaceAllocation block_;   // or elements in a memory space
 };
 // Containers of tensors (std::vector<Tensor> growing) move them rather than copy them, so each
 // keeps its storage and that storage's memory category.

@@ -233,7 +233,7 @@ class GradBuckets {
     if (!mixed_) {
       DSP_CHECK((std::is_same_v<T, float>), "grad buckets: fp32 gradients read as 16-bit");
       if constexpr (std::is_same_v<T, float>) {
-        if (!sharded()) return p.grad.span();
+        if (!sharded()) return p.grad.raw_span();  // where the gradient lives
         return std::span(std::get<Payload<float>>(b.reduced))
             .subspan(static_cast<std::size_t>(slot.offset), static_cast<std::size_t>(slot.range.valid()));
       }
@@ -324,7 +324,7 @@ class GradBuckets {
         [&]<class T>(Payload<T>& payload) {
           for (auto* p : b.params) {
             const Slot& slot = where_.at(p);
-            const float* g = p->grad.data();
+            const float* g = p->grad.span().data();  // host gradients only: span() throws for others
             for (int q = 0; q < n; ++q) {
               const zero::ShardRange r = zero::shard_range(slot.range.numel, n, q);
               const std::int64_t at = q * b.slice_elements + slot.offset;
@@ -357,7 +357,7 @@ class GradBuckets {
   static void for_each_slice(Bucket& b, F f) {
     std::int64_t off = 0;
     for (auto* p : b.params) {
-      f(p->grad.data(), off, p->grad.numel());
+      f(p->grad.span().data(), off, p->grad.numel());  // host gradients only: span() throws for others
       off += p->grad.numel();
     }
   }

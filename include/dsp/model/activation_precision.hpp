@@ -32,7 +32,11 @@ inline void round_activations(ActivationPrecision p, std::span<float> x) {
   else if (p == ActivationPrecision::Fp16)
     for (float& v : x) v = fp16::to_float(fp16::from_float(v));
 }
-inline void round_activations(ActivationPrecision p, Tensor& x) { round_activations(p, x.span()); }
+/// The same for a tensor; nothing for Fp32 wherever x lives. Throws Error for 16-bit
+/// activations of a tensor not in host memory (no device rounding op yet).
+inline void round_activations(ActivationPrecision p, Tensor& x) {
+  if (p != ActivationPrecision::Fp32) round_activations(p, x.span());
+}
 
 /// Tensors kept for backward, stored in 16 bits while packed. pack() narrows each tensor (its
 /// values already rounded to the precision: lossless) into a 16-bit buffer counted in the
@@ -46,7 +50,7 @@ class PackedTensors {
     if (p == ActivationPrecision::Fp32) return;
     for (Tensor* t : tensors) {
       Packed& k = packed_.emplace_back(Packed{t->shape(), Bits(static_cast<std::size_t>(t->numel()))});
-      const float* x = t->data();
+      const float* x = t->span().data();  // host tensors only: span() throws for the others
       for (std::size_t i = 0; i < k.bits.size(); ++i)
         k.bits[i] = p == ActivationPrecision::Bf16 ? bf16::from_float(x[i]) : fp16::from_float(x[i]);
       *t = Tensor{};

@@ -55,12 +55,13 @@ class Attention {
   Tensor forward(const ForwardContext& ctx, const Tensor& x, Saved* saved) {
     const std::int64_t n = ctx.tokens(), qw = heads_ * d_, kw = kv_heads_ * d_;
     const Tensor qkv = qkv_.forward(x);
+    const SpaceArray<std::int32_t> positions(ctx.positions);  // where the tensors are
     Tensor q({n, qw}), k({n, kw}), v({n, kw});
     copy_columns(Backend{}, qkv.data(), qw + 2 * kw, 0, q.data(), qw, 0, n, qw);
     copy_columns(Backend{}, qkv.data(), qw + 2 * kw, qw, k.data(), kw, 0, n, kw);
     copy_columns(Backend{}, qkv.data(), qw + 2 * kw, qw + kw, v.data(), kw, 0, n, kw);
-    rope_forward(Backend{}, q.data(), ctx.positions.data(), n, heads_, d_, theta_, q.data());
-    rope_forward(Backend{}, k.data(), ctx.positions.data(), n, kv_heads_, d_, theta_, k.data());
+    rope_forward(Backend{}, q.data(), positions.data(), n, heads_, d_, theta_, q.data());
+    rope_forward(Backend{}, k.data(), positions.data(), n, kv_heads_, d_, theta_, k.data());
     for (Tensor* t : {&q, &k, &v}) round_activations(ctx.activations, *t);
 
     Tensor context({n, qw});
@@ -74,11 +75,11 @@ class Attention {
         copy(Backend{}, kw, k.data() + t * kw, kc.data() + row * kw);
         copy(Backend{}, kw, v.data() + t * kw, vc.data() + row * kw);
       }
-      attention_forward(Backend{}, q.data(), kc.data(), vc.data(), ctx.positions.data(), ctx.batch, ctx.seq, cap,
+      attention_forward(Backend{}, q.data(), kc.data(), vc.data(), positions.data(), ctx.batch, ctx.seq, cap,
                         heads_, kv_heads_, d_, context.data(), nullptr);
     } else {  // selective recomputation: the probabilities are recomputed in backward
       if (saved && !ctx.recompute.selective()) probs = Tensor({ctx.batch, heads_, ctx.seq, ctx.seq});
-      attention_forward(Backend{}, q.data(), k.data(), v.data(), ctx.positions.data(), ctx.batch, ctx.seq, ctx.seq,
+      attention_forward(Backend{}, q.data(), k.data(), v.data(), positions.data(), ctx.batch, ctx.seq, ctx.seq,
                         heads_, kv_heads_, d_, context.data(), probs.numel() > 0 ? probs.data() : nullptr);
       round_activations(ctx.activations, probs);
     }
@@ -92,11 +93,12 @@ class Attention {
   Tensor backward(const ForwardContext& ctx, const Tensor& dy, const Saved& s) {
     const std::int64_t n = ctx.tokens(), qw = heads_ * d_, kw = kv_heads_ * d_;
     const Tensor dcontext = o_.backward(s.context, dy);
+    const SpaceArray<std::int32_t> positions(ctx.positions);
     Tensor recomputed;  // the softmax probabilities when the forward did not keep them
     if (s.probs.numel() == 0) {
       recomputed = Tensor({ctx.batch, heads_, ctx.seq, ctx.seq});
       Tensor context({n, qw});
-      attention_forward(Backend{}, s.q.data(), s.k.data(), s.v.data(), ctx.positions.data(), ctx.batch, ctx.seq,
+      attention_forward(Backend{}, s.q.data(), s.k.data(), s.v.data(), positions.data(), ctx.batch, ctx.seq,
                         ctx.seq, heads_, kv_heads_, d_, context.data(), recomputed.data());
       round_activations(ctx.activations, recomputed);  // as the forward would have kept them
     }
@@ -104,8 +106,8 @@ class Attention {
     Tensor dq({n, qw}), dk({n, kw}), dv({n, kw});
     attention_backward(Backend{}, s.q.data(), s.k.data(), s.v.data(), probs.data(), dcontext.data(), ctx.batch,
                        ctx.seq, ctx.seq, heads_, kv_heads_, d_, dq.data(), dk.data(), dv.data());
-    rope_backward(Backend{}, dq.data(), ctx.positions.data(), n, heads_, d_, theta_, dq.data());
-    rope_backward(Backend{}, dk.data(), ctx.positions.data(), n, kv_heads_, d_, theta_, dk.data());
+    rope_backward(Backend{}, dq.data(), positions.data(), n, heads_, d_, theta_, dq.data());
+    rope_backward(Backend{}, dk.data(), positions.data(), n, kv_heads_, d_, theta_, dk.data());
     Tensor dqkv({n, qw + 2 * kw});
     copy_columns(Backend{}, dq.data(), qw, 0, dqkv.data(), qw + 2 * kw, 0, n, qw);
     copy_columns(Backend{}, dk.data(), kw, 0, dqkv.data(), qw + 2 * kw, qw, n, kw);

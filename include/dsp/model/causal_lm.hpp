@@ -41,7 +41,7 @@ class CausalLM : public pp::PipelineStage<Policy> {
   /// PipelineStage::backward (on_grad_ready reports every parameter, the tied table last).
   void backward(Activations& act, const std::vector<float>& dloss, const GradReadyFn* on_grad_ready = nullptr) {
     const auto n = static_cast<std::int64_t>(dloss.size());
-    Base::backward(act, Tensor({n}, dloss), on_grad_ready);
+    Base::backward(act, Tensor({n}, dloss).to(current_memory_space()), on_grad_ready);
   }
 
   /// Inference forward: ids [batch * seq] at ctx.positions (appending to ctx.cache when set)

@@ -35,20 +35,29 @@ struct Parameter {
   /// Builds the local shard of TP rank `tp_rank` of `tp_size`. Element (global flat index g)
   /// is std * N(0,1) drawn from CounterRng(seed, spec.name) at g, so every layout holds the
   /// same global values; padding is zero. Throws ConfigError when the spec cannot split.
+  /// Both live in the calling thread's current memory space (values drawn on the host, then
+  /// copied there).
   Parameter(ShardedTensor s, Init init, std::uint64_t seed, int tp_size, int tp_rank)
       : spec(std::move(s)),
-        value(spec.local_shape(tp_size), memory::Category::Parameters),
+        value(initial_values(spec, init, seed, tp_size, tp_rank)),
         grad(spec.local_shape(tp_size), memory::Category::Gradients),
-        weight_decay(spec.global_shape.size() >= 2) {
+        weight_decay(spec.global_shape.size() >= 2) {}
+
+ private:
+  static Tensor initial_values(const ShardedTensor& spec, Init init, std::uint64_t seed, int tp_size, int tp_rank) {
+    Tensor host(spec.local_shape(tp_size), memory::Category::Parameters, nullptr);
     if (init.kind != Init::Normal) {
-      value.fill(init.kind == Init::Ones ? 1.0f : 0.0f);
-      return;
+      host.fill(init.kind == Init::Ones ? 1.0f : 0.0f);
+    } else {
+      const CounterRng rng(seed, spec.name);
+      for_each_shard_row(spec, tp_size, tp_rank, [&](std::int64_t l, std::int64_t g, std::int64_t n) {
+        for (std::int64_t k = 0; k < n; ++k)  // vocabulary padding is skipped: it stays zero
+          host[l + k] = static_cast<float>(init.std * rng.normal(static_cast<std::uint64_t>(g + k)));
+      });
     }
-    const CounterRng rng(seed, spec.name);
-    for_each_shard_row(spec, tp_size, tp_rank, [&](std::int64_t l, std::int64_t g, std::int64_t n) {
-      for (std::int64_t k = 0; k < n; ++k)  // vocabulary padding is skipped: it stays zero
-        value[l + k] = static_cast<float>(init.std * rng.normal(static_cast<std::uint64_t>(g + k)));
-    });
+    if (!current_memory_space()) return host;
+    memory::CategoryScope category(memory::Category::Parameters);
+    return host.to(current_memory_space());
   }
 };
 

@@ -13,7 +13,7 @@ class RMSNorm {
   using Backend = typename Policy::Backend;
   struct Saved {
     Tensor x;
-    std::vector<float> rstd;
+    Tensor rstd;  ///< [tokens]
     /// The activations (rstd is an fp32 statistic).
     std::vector<Tensor*> tensors() { return {&x}; }
   };
@@ -24,7 +24,7 @@ class RMSNorm {
   /// x [tokens, hidden] -> y [tokens, hidden]; saved (may be null when not training).
   Tensor forward(const Tensor& x, Saved* saved) const {
     Tensor y(x.shape());
-    std::vector<float> rstd(static_cast<std::size_t>(x.dim(0)));
+    Tensor rstd({x.dim(0)});
     rms_norm_forward(Backend{}, x.data(), weight_.value.data(), eps_, x.dim(0), x.dim(1), y.data(), rstd.data());
     if (saved) *saved = {x, std::move(rstd)};
     return y;

@@ -72,11 +72,11 @@ Tensor forward_stages(Comm& pipeline, int num_stages, const Shape& boundary, Fn 
     Tensor x;
     if (s > 0) {
       x = Tensor(boundary);
-      pipeline.recv(x.span(), (s - 1) % p, kActivationTag);
+      pipeline.recv(x.raw_span(), (s - 1) % p, kActivationTag);
     }
     Tensor y = fn(s, std::move(x));
     if (s + 1 < num_stages)
-      pipeline.send(std::span<const float>(y.span()), (s + 1) % p, kActivationTag);
+      pipeline.send(std::span<const float>(y.raw_span()), (s + 1) % p, kActivationTag);
     else
       last = std::move(y);
   }
@@ -164,7 +164,7 @@ class Engine {
           auto it = outbox.find(key);
           DSP_CHECK(it != outbox.end(), "pipeline: ", to_string(a), " before its computation");
           check_boundary(it->second, a);
-          pipeline_->send(std::span<const float>(it->second.span()), schedule_.rank_of(a.stage + (fwd ? 1 : -1)),
+          pipeline_->send(std::span<const float>(it->second.raw_span()), schedule_.rank_of(a.stage + (fwd ? 1 : -1)),
                           fwd ? kActivationTag : kGradTag);
           outbox.erase(it);
           break;
@@ -203,7 +203,7 @@ class Engine {
     void post(Comm& c, const Shape& shape, std::tuple<int, int, int> key, int src) {
       Pending& p = pending[key];
       p.buffer = Tensor(shape);
-      p.work = c.recv_async(p.buffer.span(), src, std::get<2>(key));
+      p.work = c.recv_async(p.buffer.raw_span(), src, std::get<2>(key));
     }
     Tensor take(std::tuple<int, int, int> key) {
       auto it = pending.find(key);

@@ -165,7 +165,7 @@ class PipelineStage {
     } else {
       const std::size_t head = parameter_parts().size() - 1;
       acquire(head, head > 0 ? std::optional(head - 1) : std::nullopt, true);
-      dx = lm_head_->backward(act.normed, loss_.backward(act.logits, act.targets, dy.span(), act.loss));
+      dx = lm_head_->backward(act.normed, loss_.backward(act.logits, act.targets, dy, act.loss));
       if (!config_.tie_word_embeddings) ready(lm_head_->weight());
       dx = final_norm_->backward(dx, act.final_norm);
       ready(final_norm_->weight());

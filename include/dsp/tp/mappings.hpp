@@ -22,7 +22,7 @@ Tensor gather_last_dim(Comm& tp, const Tensor& x) {
   const std::int64_t rows = x.dim(0), cols = x.dim(1), n = tp.size();
   if (n == 1) return x;
   Tensor blocks({n, rows, cols});
-  tp.all_gather(std::span<const float>(x.span()), blocks.span());
+  tp.all_gather(std::span<const float>(x.raw_span()), blocks.raw_span());
   Tensor out({rows, cols * n});
   for (std::int64_t r = 0; r < n; ++r)
     copy_columns(Backend{}, blocks.data() + r * rows * cols, cols, 0, out.data(), cols * n, r * cols, rows, cols);
@@ -45,7 +45,7 @@ struct CopyToTpRegion {
   static void forward(Comm&, Tensor&) {}
   template <comm::Communicator Comm>
   static void backward(Comm& tp, Tensor& grad) {
-    if (tp.size() > 1) tp.all_reduce(grad.span());
+    if (tp.size() > 1) tp.all_reduce(grad.raw_span());
   }
 };
 
@@ -53,7 +53,7 @@ struct CopyToTpRegion {
 struct ReduceFromTpRegion {
   template <comm::Communicator Comm>
   static void forward(Comm& tp, Tensor& x) {
-    if (tp.size() > 1) tp.all_reduce(x.span());
+    if (tp.size() > 1) tp.all_reduce(x.raw_span());
   }
   template <comm::Communicator Comm>
   static void backward(Comm&, Tensor&) {}

@@ -157,6 +157,12 @@ class Trainer {
       : std::is_same_v<Storage, fp16> ? model::ActivationPrecision::Fp16
                                       : model::ActivationPrecision::Fp32;
 
+  /// Every tensor lives in the calling thread's current memory space, which must be the
+  /// backend's (for backend::Cuda: construct and use the trainer inside
+  /// MemorySpaceScope(memory_space(Cuda{}))). Fp32 on a device backend covers training steps
+  /// and evaluate() at TP and PP over a device-aware communicator and DP 1; 16-bit
+  /// activations, data-parallel buckets, MoE layers and checkpoints still read tensors on the
+  /// host and throw Error naming the space.
   /// Collective over the mesh. Throws ConfigError when the model does not split over TP or
   /// the pipeline, the batch sizes do not divide, or the schedule does not fit them (e.g.
   /// interleaved with micro-batches not a multiple of the pipeline size).
@@ -235,8 +241,9 @@ class Trainer {
     hooks.backward = [&](int m, int s, Tensor dy, bool last) {
       Stage& stage = chunk(s);
       if (stage.layers().post_process) {
-        dy = Tensor({tc_.micro_batch_size * seq});
-        dy.fill(static_cast<float>(loss_scale / loss_tokens));
+        Tensor host({tc_.micro_batch_size * seq}, memory::current_category(), nullptr);
+        host.fill(static_cast<float>(loss_scale / loss_tokens));
+        dy = host.to(current_memory_space());
       }
       auto it = stash.find({m, s});
       Tensor dx = stage.backward(it->second, dy, last ? &ready : nullptr);
@@ -379,6 +386,9 @@ class Trainer {
 
   static std::vector<std::unique_ptr<Stage>> make_stages(const model::ModelConfig& config, const TrainConfig& tc,
                                                          DeviceMesh<Comm>& mesh) {
+    DSP_CHECK_AS(ConfigError, memory_space(Backend{}) == current_memory_space(),
+                 "a trainer on a device backend must be built and run where its tensors live: inside "
+                 "MemorySpaceScope(memory_space(Backend{})) on the rank's thread");
     config.validate_expert_parallel(mesh.ep_size());
     tc.recompute.validate();
     const ep::MoeOptions& moe = tc.moe;
@@ -501,7 +511,7 @@ class Trainer {
     model::Parameter* t = tied_embedding();
     if (!embedding_group_ || !t) return;
     trace::Span span("tied_embedding.all_reduce", trace::Kind::Comm);
-    embedding_group_->all_reduce(t->grad.span());
+    embedding_group_->all_reduce(t->grad.raw_span());
     buckets_.mark_ready(*t);
   }
 

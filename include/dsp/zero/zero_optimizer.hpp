@@ -103,7 +103,8 @@ class ZeroOptimizer {
       s.exp_avg = Tensor(moment, memory::Category::OptimizerState);
       s.exp_avg_sq = Tensor(moment, memory::Category::OptimizerState);
       auto w = ownership_weights(p->spec, tp_size, tp_rank);
-      if (!std::all_of(w.begin(), w.end(), [](float x) { return x == 1.0f; })) s.weights = std::move(w);
+      if (!std::all_of(w.begin(), w.end(), [](float x) { return x == 1.0f; }))
+        s.weights = SpaceArray<float>(w);
       if (stage_ >= 2 || mixed) p->grad = Tensor{};
       if constexpr (mixed) {
         s.master = Tensor({s.range.size}, memory::Category::OptimizerState);
@@ -330,7 +331,7 @@ class ZeroOptimizer {
     Tensor exp_avg, exp_avg_sq;      // the owned slice (whole at stage 0)
     Tensor master;                   // mixed precision: fp32 master weights of the owned slice
     Buffer<T> stored;                // stage 3: the owned slice; mixed precision: the whole shard below stage 3
-    std::vector<float> weights;      // ownership weights of the whole local shard (empty: all owned)
+    SpaceArray<float> weights;       // ownership weights of the whole local shard (empty: all owned), where the gradients are
     int refs = 0;                    // stage 3: acquired parts reading the parameter
   };
 

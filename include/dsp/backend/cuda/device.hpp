@@ -21,6 +21,13 @@ inline int device_count(std::string* why = nullptr) {
   return 0;
 }
 
+/// The calling thread's current device (cudaSetDevice; 0 until set).
+inline int current_device() {
+  int d = 0;
+  DSP_CUDA_CHECK(cudaGetDevice(&d));
+  return d;
+}
+
 /// Blocks until everything enqueued on `b.stream` has finished. Throws CudaError when an
 /// enqueued operation failed without poisoning the context; aborts when it did.
 inline void synchronize(Cuda b) { DSP_CUDA_CHECK(cudaStreamSynchronize(b.stream)); }

@@ -40,6 +40,30 @@ inline void reset_device_peak() { detail::reset_peak(detail::device_counters());
 
 namespace dsp::backend {
 
+namespace detail {
+/// `bytes` of device memory allocated on `stream` (null for 0 bytes), counted in the calling
+/// thread's device counters under `category`; throws CudaError naming the bytes when the pool
+/// cannot provide them. Uninitialised.
+inline void* device_allocate(cudaStream_t stream, std::size_t bytes, memory::Category category) {
+  if (bytes == 0) return nullptr;
+  void* p = nullptr;
+  const cudaError_t e = cudaMallocAsync(&p, bytes, stream);
+  if (e == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();
+    throw CudaError(dsp::detail::concat("cannot allocate ", bytes, " bytes of device memory (", cudaGetErrorName(e), ")"));
+  }
+  DSP_CUDA_CHECK(e);
+  memory::detail::add(memory::detail::device_counters(), category, static_cast<std::int64_t>(bytes));
+  return p;
+}
+/// Frees (in the order of `stream`) and uncounts what device_allocate returned.
+inline void device_free(void* p, cudaStream_t stream, std::size_t bytes, memory::Category category) noexcept {
+  if (!p) return;
+  DSP_CUDA_CHECK_NOTHROW(cudaFreeAsync(p, stream));
+  memory::detail::add(memory::detail::device_counters(), category, -static_cast<std::int64_t>(bytes));
+}
+}  // namespace detail
+
 /// `size` elements of T in device memory, allocated on and freed on one stream (stream-ordered:
 /// work enqueued on that stream may use it at once). Contents are uninitialised. Counted in the
 /// device counters of the allocating thread under its category (the current category unless
@@ -55,19 +79,10 @@ class DeviceBuffer {
  public:
   DeviceBuffer() = default;
   DeviceBuffer(Cuda b, std::size_t size, memory::Category category = memory::current_category())
-      : stream_(b.stream), size_(size), category_(category) {
-    if (size == 0) return;
-    void* p = nullptr;
-    const cudaError_t e = cudaMallocAsync(&p, bytes(), stream_);
-    if (e == cudaErrorMemoryAllocation) {
-      (void)cudaGetLastError();
-      throw CudaError(dsp::detail::concat("DeviceBuffer: cannot allocate ", bytes(), " bytes of device memory (",
-                                          cudaGetErrorName(e), ")"));
-    }
-    DSP_CUDA_CHECK(e);
-    data_ = static_cast<T*>(p);
-    memory::detail::add(memory::detail::device_counters(), category_, static_cast<std::int64_t>(bytes()));
-  }
+      : data_(static_cast<T*>(detail::device_allocate(b.stream, size * sizeof(T), category))),
+        stream_(b.stream),
+        size_(size),
+        category_(category) {}
   ~DeviceBuffer() { release(); }
   DeviceBuffer(DeviceBuffer&& other) noexcept { swap(other); }
   DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {
@@ -93,9 +108,7 @@ class DeviceBuffer {
     std::swap(category_, other.category_);
   }
   void release() noexcept {
-    if (!data_) return;
-    DSP_CUDA_CHECK_NOTHROW(cudaFreeAsync(data_, stream_));
-    memory::detail::add(memory::detail::device_counters(), category_, -static_cast<std::int64_t>(bytes()));
+    detail::device_free(data_, stream_, bytes(), category_);
     data_ = nullptr;
   }
 

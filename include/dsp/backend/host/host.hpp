@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "dsp/core/memory_space.hpp"
+
 namespace dsp::backend {
 
 /// Tag of the CPU backend. Every host op takes `Host` as its first argument (tag dispatch):
@@ -11,6 +13,11 @@ namespace dsp::backend {
 /// Host ops work on fp32, row-major, contiguous host memory through raw pointers; scratch
 /// memory they need is allocated per call (never per element).
 struct Host {};
+
+/// Where tensors of a model on this backend live: host ops read any host-addressable memory,
+/// so the host backend keeps the calling thread's current space (host memory unless a
+/// MemorySpaceScope says otherwise; tests use a space that forbids host element access).
+inline MemorySpace* memory_space(Host) { return current_memory_space(); }
 
 /// n zeroed floats of per-call scratch for an op written for every backend (attention's score
 /// matrix, say), freed with the returned vector. Not counted in the memory ledger, like the host

@@ -1,0 +1,129 @@
+#pragma once
+// MemorySpace: where a Tensor's elements live when not in ordinary host memory (a GPU's
+// memory: backend/cuda/memory_space.hpp), and the calling thread's current space, the one new
+// tensors are allocated in (as Kokkos chooses a memory space, and as torch.set_default_device
+// sets where new tensors go). Host memory is the null space: no object, plain counted vectors.
+//
+// A tensor in a space other than the host's is reached through its pointer (Tensor::data(),
+// raw_span()) by the ops of a backend that can read that memory, and copied to and from the
+// host only explicitly (Tensor::to_host(), Tensor::to()). Tensor's host accessors (span(),
+// values(), operator[], fill) throw for it: a layer that loops over elements itself is caught.
+#include <cstddef>
+#include <span>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "dsp/core/memory.hpp"
+
+namespace dsp {
+
+/// A kind of memory tensors can live in, other than ordinary host memory. Implementations
+/// count what they allocate in their own counters under the category given. A space must
+/// outlive its tensors, including those a failing rank keeps for in-flight communication until
+/// process exit (comm::detail::keep_until_exit).
+class MemorySpace {
+ public:
+  virtual ~MemorySpace() = default;
+  /// "cuda", for messages.
+  virtual std::string_view name() const = 0;
+  /// `bytes` of zeroed memory counted under `category`. Throws dsp::Error (or a subclass) when
+  /// the space cannot provide them.
+  virtual void* allocate(std::size_t bytes, memory::Category category) = 0;
+  /// Returns memory from allocate (same bytes and category).
+  virtual void deallocate(void* p, std::size_t bytes, memory::Category category) noexcept = 0;
+  /// Copies `bytes` from src to dst where each is this space's memory or host memory. When it
+  /// returns, host memory written may be read and host memory read may be reused.
+  virtual void copy(void* dst, const void* src, std::size_t bytes) = 0;
+  /// Sets `bytes` at p (this space's memory) to zero.
+  virtual void zero(void* p, std::size_t bytes) = 0;
+};
+
+namespace detail {
+inline MemorySpace*& current_space() {
+  thread_local MemorySpace* space = nullptr;
+  return space;
+}
+}  // namespace detail
+
+/// The calling thread's current memory space: the innermost MemorySpaceScope's; null (host
+/// memory) outside any.
+inline MemorySpace* current_memory_space() { return detail::current_space(); }
+
+/// Makes `space` (null: host memory) the calling thread's current memory space until the scope
+/// ends, then restores the previous one (scopes nest). Belongs to one thread's stack.
+class MemorySpaceScope {
+ public:
+  explicit MemorySpaceScope(MemorySpace* space) : previous_(current_memory_space()) {
+    detail::current_space() = space;
+  }
+  ~MemorySpaceScope() { detail::current_space() = previous_; }
+  MemorySpaceScope(const MemorySpaceScope&) = delete;
+  MemorySpaceScope& operator=(const MemorySpaceScope&) = delete;
+
+ private:
+  MemorySpace* previous_;
+};
+
+/// Memory in a MemorySpace: owning, move-only; freed through the space.
+class SpaceAllocation {
+ public:
+  SpaceAllocation() = default;
+  /// `bytes` of zeroed memory of `space` (not null) counted under `category`.
+  SpaceAllocation(MemorySpace* space, std::size_t bytes, memory::Category category)
+      : space_(space), bytes_(bytes), category_(category) {
+    if (bytes > 0) data_ = space->allocate(bytes, category);
+  }
+  ~SpaceAllocation() {
+    if (data_) space_->deallocate(data_, bytes_, category_);
+  }
+  SpaceAllocation(SpaceAllocation&& o) noexcept { swap(o); }
+  SpaceAllocation& operator=(SpaceAllocation&& o) noexcept {
+    SpaceAllocation(std::move(o)).swap(*this);
+    return *this;
+  }
+  void swap(SpaceAllocation& o) noexcept {
+    std::swap(space_, o.space_);
+    std::swap(data_, o.data_);
+    std::swap(bytes_, o.bytes_);
+    std::swap(category_, o.category_);
+  }
+  /// Null for a default-constructed (or moved-from) allocation.
+  MemorySpace* space() const { return space_; }
+  void* data() const { return data_; }
+  std::size_t bytes() const { return bytes_; }
+
+ private:
+  MemorySpace* space_ = nullptr;
+  void* data_ = nullptr;
+  std::size_t bytes_ = 0;
+  memory::Category category_ = memory::Category::Workspace;
+};
+
+/// A copy of host values (token ids, targets, positions, weights) in a memory space, for the
+/// ops that read such arrays next to tensors in that space: counted there as Workspace. With no
+/// space (host memory) an uncounted host copy, like the std::vector it replaces.
+template <class T>
+class SpaceArray {
+ public:
+  SpaceArray() = default;
+  SpaceArray(std::span<const T> host, MemorySpace* space = current_memory_space()) : size_(host.size()) {
+    if (!space) {
+      host_.assign(host.begin(), host.end());
+      return;
+    }
+    block_ = SpaceAllocation(space, host.size_bytes(), memory::Category::Workspace);
+    if (!host.empty()) space->copy(block_.data(), host.data(), host.size_bytes());
+  }
+  /// The elements in the space (pass to ops only).
+  const T* data() const { return block_.space() ? static_cast<const T*>(block_.data()) : host_.data(); }
+  std::size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+
+ private:
+  std::size_t size_ = 0;
+  std::vector<T> host_;
+  SpaceAllocation block_;
+};
+
+}  // namespace dsp
