@@ -2,9 +2,12 @@
 // GuardedSpace: a MemorySpace for tests on machines without a GPU. Its memory is ordinary host
 // memory, so host ops and ThreadComm work on it through data(), but Tensor's host accessors
 // refuse it as they refuse GPU memory. A model trained inside a MemorySpaceScope(&space) thus
-// proves that no layer, optimizer or trainer loop reads or writes elements itself: everything
-// goes through ops, communicators and explicit to_host() / to() copies, which is what running on
-// a GPU needs. It counts its bytes per category like the device counters.
+// shows that no layer, optimizer or trainer loop reads or writes elements through the host
+// accessors: everything goes through ops, communicators and explicit copies, which is what
+// running on a GPU needs. Its limit: a host loop over a raw data() pointer is not caught (the
+// memory is host memory underneath), nor is a host buffer handed to an op; library code keeps
+// host loops on span() so that they are. It counts its bytes per category like the device
+// counters.
 #include <cstdlib>
 #include <cstring>
 #include <new>

@@ -9,9 +9,12 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <type_traits>
+#include <utility>
 
 #include "dsp/backend/host.hpp"
 #include "dsp/comm/launch.hpp"
+#include "dsp/comm/staging_comm.hpp"
 #include "dsp/policy.hpp"
 #include "dsp/train/trainer.hpp"
 #include "../guarded_space.hpp"
@@ -19,7 +22,6 @@
 #include "small_train_config.hpp"
 
 using namespace dsp;
-using P = Policy<backend::Host, comm::ThreadComm>;
 
 namespace {
 
@@ -40,10 +42,17 @@ void keep_until_exit(std::unique_ptr<test::GuardedSpace> space) {
   kept->push_back(std::move(space));
 }
 
-Run train_run(bool guarded, int tp, int pp, int dp, int steps) {
+// Trains `steps` steps at TP x PP x DP (ZeRO `zero_stage`), every tensor in a GuardedSpace
+// when `guarded`; the ranks' communicator is Comm (ThreadComm, or StagingComm over it, which
+// copies tensors of the space to host buffers around every operation).
+template <class Comm = comm::ThreadComm>
+Run train_run(bool guarded, int tp, int pp, int dp, int steps, int zero_stage = 0, bool loss_scaling = false) {
+  using P = Policy<backend::Host, Comm>;
   const auto config = test::small_model();
   const auto& data = test::shakespeare(config.seq_length);
-  const train::TrainConfig tc = test::small_train_config(8, steps);
+  train::TrainConfig tc = test::small_train_config(8, steps);
+  tc.zero_stage = zero_stage;
+  if (loss_scaling) tc.loss_scaler.emplace();  // dynamic, fp32: the overflow check reads every gradient
   Run out;
   std::mutex mu;
   comm::launch(tp * pp * dp, [&](comm::ThreadComm& world) {
@@ -52,7 +61,11 @@ Run train_run(bool guarded, int tp, int pp, int dp, int steps) {
     auto space = std::make_unique<test::GuardedSpace>();
     try {
       MemorySpaceScope scope(guarded ? space.get() : nullptr);
-      DeviceMesh mesh(world, ParallelLayout{.tensor = tp, .pipeline = pp, .data = dp});
+      Comm rank_comm = [&] {
+        if constexpr (std::is_same_v<Comm, comm::ThreadComm>) return world.split(0, world.rank());
+        else return Comm(world.split(0, world.rank()));
+      }();
+      DeviceMesh mesh(rank_comm, ParallelLayout{.tensor = tp, .pipeline = pp, .data = dp});
       train::Trainer<P> trainer(config, tc, mesh, data);
       Run r;
       for (int s = 0; s < steps; ++s) {
@@ -92,14 +105,36 @@ TEST_CASE("a training step that never touches elements on the host: bitwise the 
   CHECK(guarded.params == host.params);
 }
 
+TEST_CASE("the same with dynamic loss scaling: the overflow check copies gradients to the host explicitly") {
+  const Run host = train_run(false, 1, 1, 1, 3, 0, true), guarded = train_run(true, 1, 1, 1, 3, 0, true);
+  CHECK(guarded.losses == host.losses);
+  CHECK(guarded.grad_norms == host.grad_norms);
+  CHECK(guarded.params == host.params);
+}
+
 TEST_CASE("the same at TP=2 x PP=2: collectives and pipeline transfers read tensors only through communicators") {
   const Run host = train_run(false, 2, 2, 1, 2), guarded = train_run(true, 2, 2, 1, 2);
   CHECK(guarded.every_parameter_in_space);
   CHECK(guarded.losses == host.losses);
+  CHECK(guarded.grad_norms == host.grad_norms);
   CHECK(guarded.validation_loss == host.validation_loss);
   CHECK(guarded.params == host.params);
 }
 
-TEST_CASE("data-parallel gradient buckets still pack on the host: DP=2 outside host memory fails naming the space") {
-  CHECK_THROWS_WITH_AS(train_run(true, 1, 1, 2, 1), doctest::Contains("guarded test memory"), Error);
+TEST_CASE("StagingComm (the shared-device path): TP=2 x DP=2 and PP=2 x DP=2 through host copies, bitwise the host run") {
+  using Staging = comm::StagingComm<comm::ThreadComm>;
+  for (auto [tp, pp] : {std::pair{2, 1}, std::pair{1, 2}}) {
+    CAPTURE(tp);
+    CAPTURE(pp);
+    const Run host = train_run(false, tp, pp, 2, 2), staged = train_run<Staging>(true, tp, pp, 2, 2);
+    CHECK(staged.every_parameter_in_space);
+    CHECK(staged.losses == host.losses);
+    CHECK(staged.grad_norms == host.grad_norms);
+    CHECK(staged.validation_loss == host.validation_loss);
+    CHECK(staged.params == host.params);
+  }
+}
+
+TEST_CASE("ZeRO's reduce-scatter still packs on the host: stage 1 at DP=2 outside host memory fails naming the space") {
+  CHECK_THROWS_WITH_AS(train_run(true, 1, 1, 2, 1, 1), doctest::Contains("guarded test memory"), Error);
 }

@@ -6,8 +6,10 @@
 //
 // A tensor in a space other than the host's is reached through its pointer (Tensor::data(),
 // raw_span()) by the ops of a backend that can read that memory, and copied to and from the
-// host only explicitly (Tensor::to_host(), Tensor::to()). Tensor's host accessors (span(),
-// values(), operator[], fill) throw for it: a layer that loops over elements itself is caught.
+// host only explicitly (Tensor::to_host(), Tensor::to(), copy_to_host()). Tensor's host
+// accessors (span(), values(), operator[], fill) throw for it, so host code that loops over
+// elements through them is caught; a loop over the raw pointer is not (host loops in library
+// code use span() for that reason).
 #include <cstddef>
 #include <span>
 #include <string_view>
@@ -107,7 +109,7 @@ template <class T>
 class SpaceArray {
  public:
   SpaceArray() = default;
-  SpaceArray(std::span<const T> host, MemorySpace* space = current_memory_space()) : size_(host.size()) {
+  explicit SpaceArray(std::span<const T> host, MemorySpace* space = current_memory_space()) : size_(host.size()) {
     if (!space) {
       host_.assign(host.begin(), host.end());
       return;

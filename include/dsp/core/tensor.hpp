@@ -3,6 +3,7 @@
 // memory space such as a GPU's (core/memory_space.hpp).
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <initializer_list>
 #include <memory>
 #include <numeric>
@@ -74,8 +75,8 @@ class Tensor {
   Tensor& operator=(const Tensor& o) {
     if (this == &o) return *this;
     if (on_host() && o.on_host()) {
+      data_ = o.data_;  // first: if it throws, the shape still matches the elements
       shape_ = o.shape_;
-      data_ = o.data_;
     } else {
       *this = Tensor(o);
     }
@@ -133,6 +134,16 @@ class Tensor {
   }
   /// A host copy (this tensor itself, copied, when it is on the host already).
   Tensor to_host() const { return to(nullptr); }
+  /// Copies every element into host memory `out` / from host memory `in`, wherever the tensor
+  /// lives. Throws Error when the span's size is not numel().
+  void copy_to_host(std::span<float> out) const {
+    check_span(out.size());
+    copy_bytes(out.data(), data());
+  }
+  void copy_from_host(std::span<const float> in) {
+    check_span(in.size());
+    copy_bytes(data(), in.data());
+  }
 
   /// Same elements, new shape; throws Error when the element counts differ.
   Tensor& reshape(Shape shape) {
@@ -143,6 +154,17 @@ class Tensor {
   }
 
  private:
+  void check_span(std::size_t n) const {
+    DSP_CHECK(static_cast<std::int64_t>(n) == numel(), "Tensor ", shape_str(shape_), ": a host span of ", n,
+              " elements for ", numel());
+  }
+  void copy_bytes(void* dst, const void* src) const {
+    if (block_.space()) {
+      block_.space()->copy(dst, src, block_.bytes());
+    } else if (numel() > 0) {
+      std::memcpy(dst, src, bytes_of(numel()));
+    }
+  }
   static std::size_t bytes_of(std::int64_t n) { return static_cast<std::size_t>(n) * sizeof(float); }
   std::span<float> host_values() {
     DSP_CHECK(on_host(), "Tensor ", shape_str(shape_), " is in ", block_.space()->name(),

@@ -26,6 +26,11 @@
 // paper, section 3.1): every full fp32 gradient is released once packed, at every stage; the
 // sums stay in the payload (stages 0 and 1, counted as Gradients, allocated even with one DP
 // rank) or in a 16-bit copy of the owned slices (from stage 2); reduced<T>() reads them.
+//
+// Gradients in a memory space (device memory, core/memory_space.hpp): an fp32 bucket without
+// ZeRO copies them into its host payload and the sums back (Tensor::copy_to_host /
+// copy_from_host), so the all-reduce runs on host memory. 16-bit transport and ZeRO's
+// reduce-scatter still pack on the host and throw Error naming the space.
 #include <cstdint>
 #include <algorithm>
 #include <exception>
@@ -204,9 +209,18 @@ class GradBuckets {
               return;
             }
             if (!sharded()) {
-              for_each_slice(b, [&](float* g, std::int64_t off, std::int64_t n) {
-                for (std::int64_t i = 0; i < n; ++i) g[i] = static_cast<float>(payload[static_cast<std::size_t>(off + i)]);
-              });
+              std::int64_t off = 0;
+              for (auto* p : b.params) {  // fp32: copied into the gradient wherever it lives
+                const auto n = p->grad.numel();
+                if constexpr (std::is_same_v<T, float>) {
+                  p->grad.copy_from_host(std::span<const float>(payload).subspan(static_cast<std::size_t>(off),
+                                                                                 static_cast<std::size_t>(n)));
+                } else {  // 16-bit: host gradients only (span() throws for others)
+                  float* g = p->grad.span().data();
+                  for (std::int64_t i = 0; i < n; ++i) g[i] = static_cast<float>(payload[static_cast<std::size_t>(off + i)]);
+                }
+                off += n;
+              }
               return;
             }
             if constexpr (!std::is_same_v<T, float>)  // a 16-bit payload was reduced in place
@@ -351,17 +365,6 @@ class GradBuckets {
       launch(buckets_[next_launch_++]);
   }
 
-  // f(grad, offset, n) for each parameter of the bucket: its gradient's n elements sit at
-  // [offset, offset + n) of the bucket's payload.
-  template <class F>
-  static void for_each_slice(Bucket& b, F f) {
-    std::int64_t off = 0;
-    for (auto* p : b.params) {
-      f(p->grad.span().data(), off, p->grad.numel());  // host gradients only: span() throws for others
-      off += p->grad.numel();
-    }
-  }
-
   // Packs the bucket's gradients into its payload and starts the all-reduce (ZeRO: the
   // reduce-scatter).
   void launch(Bucket& b) {
@@ -369,9 +372,17 @@ class GradBuckets {
     if (dp_->size() == 1 && !mixed_) return;
     std::visit(
         [&]<class T>(Payload<T>& payload) {
-          for_each_slice(b, [&](const float* g, std::int64_t off, std::int64_t n) {
-            for (std::int64_t i = 0; i < n; ++i) payload[static_cast<std::size_t>(off + i)] = T(g[i]);
-          });
+          std::int64_t off = 0;
+          for (auto* p : b.params) {  // fp32: copied from the gradient wherever it lives
+            const auto n = p->grad.numel();
+            if constexpr (std::is_same_v<T, float>) {
+              p->grad.copy_to_host(std::span(payload).subspan(static_cast<std::size_t>(off), static_cast<std::size_t>(n)));
+            } else {  // 16-bit: host gradients only (span() throws for others)
+              const float* g = p->grad.span().data();
+              for (std::int64_t i = 0; i < n; ++i) payload[static_cast<std::size_t>(off + i)] = T(g[i]);
+            }
+            off += n;
+          }
           if (releases_gradients())
             for (auto* p : b.params) p->grad = Tensor{};
           if (dp_->size() > 1) b.work = dp_->all_reduce_async(std::span<T>(payload));

@@ -66,8 +66,8 @@ class Generator {
     std::vector<std::int32_t> tokens(prompts.size()), positions(prompts.size());
     for (std::int64_t step = 0;; ++step) {
       for (std::size_t b = 0; b < prompts.size(); ++b) {
-        const std::span<const float> row(logits.data() + static_cast<std::int64_t>(b) * vocab,
-                                         static_cast<std::size_t>(vocab));
+        const std::span<const float> row = logits.span().subspan(  // host logits: span() throws for others
+            static_cast<std::size_t>(static_cast<std::int64_t>(b) * vocab), static_cast<std::size_t>(vocab));
         tokens[b] = sample_token(row, vocab, params, first_stream + b, static_cast<std::uint64_t>(step));
         positions[b] = static_cast<std::int32_t>(static_cast<std::int64_t>(prompts[b].size()) + step);
         out[b].push_back(tokens[b]);

@@ -53,7 +53,7 @@ void for_each_moment(Optimizer& opt, std::size_t i, F&& f) {
   for (auto [prefix, moment] : {std::pair{"exp_avg.", &opt.exp_avg(i)}, std::pair{"exp_avg_sq.", &opt.exp_avg_sq(i)}}) {
     ShardedTensor spec = opt.parameters()[i]->spec;
     spec.name = std::string(checkpoint::optimizer_prefix) + prefix + spec.name;
-    f(spec, r.begin, std::span<float>(moment->data(), static_cast<std::size_t>(r.valid())));
+    f(spec, r.begin, moment->span().first(static_cast<std::size_t>(r.valid())));  // host moments only
   }
 }
 }  // namespace detail

@@ -160,9 +160,10 @@ class Trainer {
   /// Every tensor lives in the calling thread's current memory space, which must be the
   /// backend's (for backend::Cuda: construct and use the trainer inside
   /// MemorySpaceScope(memory_space(Cuda{}))). Fp32 on a device backend covers training steps
-  /// and evaluate() at TP and PP over a device-aware communicator and DP 1; 16-bit
-  /// activations, data-parallel buckets, MoE layers and checkpoints still read tensors on the
-  /// host and throw Error naming the space.
+  /// and evaluate() at any TP x PP x DP with ZeRO 0, over a communicator that reads device
+  /// memory (comm::StagingComm for ranks sharing one GPU); 16-bit activations and gradients,
+  /// ZeRO stages 1-3, MoE layers and checkpoints still read tensors on the host and throw Error
+  /// naming the space.
   /// Collective over the mesh. Throws ConfigError when the model does not split over TP or
   /// the pipeline, the batch sizes do not divide, or the schedule does not fit them (e.g.
   /// interleaved with micro-batches not a multiple of the pipeline size).

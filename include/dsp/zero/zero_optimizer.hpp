@@ -108,13 +108,14 @@ class ZeroOptimizer {
       if (stage_ >= 2 || mixed) p->grad = Tensor{};
       if constexpr (mixed) {
         s.master = Tensor({s.range.size}, memory::Category::OptimizerState);
-        std::copy_n(p->value.data() + s.range.begin, s.range.valid(), s.master.data());
+        std::copy_n(p->value.span().data() + s.range.begin, s.range.valid(), s.master.span().data());
       }
       if (transient_values()) {  // what is stored: the owned slice (stage 3) or the whole shard in T
         const bool slice = stage_ == 3;
         s.stored = Buffer<T>(static_cast<std::size_t>(slice ? s.range.size : p->value.numel()),
                              memory::CountingAllocator<T>(memory::Category::Parameters));
-        narrow(p->value.data() + (slice ? s.range.begin : 0), slice ? s.range.valid() : p->value.numel(), s.stored.data());
+        narrow(p->value.span().data() + (slice ? s.range.begin : 0), slice ? s.range.valid() : p->value.numel(),
+               s.stored.data());
         p->value = Tensor{};
       }
       index_[p] = slots_.size();
@@ -189,8 +190,19 @@ class ZeroOptimizer {
     if constexpr (mixed) grad_factor_ = factor;
     for (auto& s : slots_) {
       const std::span<T> g = grad(s);
-      found = found || std::any_of(g.begin(), g.end(), [](T x) { return !std::isfinite(static_cast<float>(x)); });
-      if constexpr (!mixed) scale(Backend{}, static_cast<std::int64_t>(g.size()), factor, g.data());
+      const auto finite = [](T x) { return std::isfinite(static_cast<float>(x)); };
+      if constexpr (!mixed) {
+        if (stage_ == 0 && !s.p->grad.on_host()) {  // the gradient itself, in another space: checked on a host copy
+          std::vector<float> host(g.size());
+          s.p->grad.copy_to_host(host);
+          found = found || !std::all_of(host.begin(), host.end(), finite);
+        } else {
+          found = found || !std::all_of(g.begin(), g.end(), finite);
+        }
+        scale(Backend{}, static_cast<std::int64_t>(g.size()), factor, g.data());
+      } else {
+        found = found || !std::all_of(g.begin(), g.end(), finite);
+      }
     }
     return found;
   }
@@ -215,7 +227,7 @@ class ZeroOptimizer {
       adamw_update(Backend{}, n, owned_values(s), g.data(), s.exp_avg.data(),
                    s.exp_avg_sq.data(), lr, config_.beta1, config_.beta2, config_.eps,
                    s.p->weight_decay ? config_.weight_decay : 0.0f, step_);
-      if constexpr (mixed) narrow(s.master.data(), n, s.stored.data() + (stage_ == 3 ? 0 : s.range.begin));
+      if constexpr (mixed) narrow(s.master.span().data(), n, s.stored.data() + (stage_ == 3 ? 0 : s.range.begin));
     }
     grad_factor_ = 1.0f;
     if (stage_ == 1 || stage_ == 2) gather_parameters();
@@ -238,7 +250,7 @@ class ZeroOptimizer {
         Slot& s = slot(*p);
         if (p->value.empty()) {
           p->value = Tensor(s.shape, memory::Category::Parameters);
-          widen(s.stored.data(), p->value.numel(), p->value.data());
+          widen(s.stored.data(), p->value.numel(), p->value.span().data());
         }
         ++s.refs;
       }
@@ -279,7 +291,7 @@ class ZeroOptimizer {
       for (auto& s : slots_) {
         Tensor master = stage_ == 0 ? s.master : whole(s, s.master);
         s.p->value = Tensor(s.shape, memory::Category::Parameters);
-        std::copy_n(master.data(), s.p->value.numel(), s.p->value.data());
+        std::copy_n(master.span().data(), s.p->value.numel(), s.p->value.span().data());
       }
     else if (stage_ == 3)
       acquire(parameters(), nullptr, false);
@@ -288,10 +300,10 @@ class ZeroOptimizer {
   /// of the (now loaded) whole parameters; then frees what gather_for_checkpoint made whole.
   void partition_after_checkpoint(bool loaded) {
     for (auto& s : slots_) {
-      if (loaded && mixed) std::copy_n(s.p->value.data() + s.range.begin, s.range.valid(), s.master.data());
+      if (loaded && mixed) std::copy_n(s.p->value.span().data() + s.range.begin, s.range.valid(), s.master.span().data());
       if (loaded && transient_values()) {
         const bool slice = stage_ == 3;
-        narrow(s.p->value.data() + (slice ? s.range.begin : 0), slice ? s.range.valid() : s.p->value.numel(),
+        narrow(s.p->value.span().data() + (slice ? s.range.begin : 0), slice ? s.range.valid() : s.p->value.numel(),
                s.stored.data());
       }
       if (mixed) s.p->value = Tensor{};
@@ -374,7 +386,7 @@ class ZeroOptimizer {
   // The whole local shard that stages 1 and 2 all-gather into.
   T* whole_values(Slot& s) {
     if constexpr (mixed) return s.stored.data();
-    else return s.p->value.data();
+    else return s.p->value.span().data();  // host loops only: span() throws for other spaces
   }
   static void narrow(const float* in, std::int64_t n, T* out) {
     std::transform(in, in + n, out, [](float x) { return T(x); });
@@ -406,7 +418,7 @@ class ZeroOptimizer {
       model::Parameter& p = *g.slot->p;
       if (!p.value.empty()) continue;
       p.value = Tensor(g.slot->shape, memory::Category::Parameters);
-      widen(g.all.data(), p.value.numel(), p.value.data());
+      widen(g.all.data(), p.value.numel(), p.value.span().data());
     }
     gathers.clear();
   }
@@ -458,7 +470,7 @@ class ZeroOptimizer {
                       memory::CountingAllocator<float>(memory::Category::Communication));
     group.all_gather(std::span<const float>(slice.span()), std::span<float>(all));
     Tensor out(s.shape, memory::Category::OptimizerState);
-    std::copy_n(all.begin(), out.numel(), out.data());
+    std::copy_n(all.begin(), out.numel(), out.span().data());
     return out;
   }
 

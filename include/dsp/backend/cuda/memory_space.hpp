@@ -3,6 +3,7 @@
 // stream-ordered on one stream and counted in the device counters (backend/cuda/memory.hpp).
 #include <cuda_runtime.h>
 
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -17,31 +18,80 @@ namespace dsp::backend {
 /// Device memory of the calling thread's current device, ordered on one stream: allocation,
 /// zeroing and copies are enqueued there, so ops enqueued on the same stream (the backend's)
 /// may use a tensor at once. A copy to or from host memory waits for the stream before it
-/// returns (host code reads what it copied out; pageable host memory is not pinned).
+/// returns (host code reads what it copied out; pageable host memory is not pinned); one
+/// between two device buffers is only enqueued; one between two host buffers is a memcpy. Every
+/// call works on the space's own device whichever is current (and restores that one).
 class CudaMemorySpace final : public MemorySpace {
  public:
-  explicit CudaMemorySpace(Cuda b) : stream_(b.stream) {}
+  /// Memory of `device` ordered on b.stream (a stream of that device).
+  CudaMemorySpace(Cuda b, int device) : stream_(b.stream), device_(device) {}
   std::string_view name() const override { return "cuda"; }
   void* allocate(std::size_t bytes, memory::Category category) override {
+    const OnDevice on(device_);
     void* p = detail::device_allocate(stream_, bytes, category);
-    if (p) DSP_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream_));
+    if (!p) return p;
+    try {
+      DSP_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream_));
+    } catch (...) {
+      detail::device_free(p, stream_, bytes, category);
+      throw;
+    }
     return p;
   }
   void deallocate(void* p, std::size_t bytes, memory::Category category) noexcept override {
+    int previous = 0;  // OnDevice without throwing: a destructor's path
+    const bool switched = cudaGetDevice(&previous) == cudaSuccess && previous != device_ &&
+                          cudaSetDevice(device_) == cudaSuccess;
     detail::device_free(p, stream_, bytes, category);
+    if (switched) (void)cudaSetDevice(previous);
   }
   void copy(void* dst, const void* src, std::size_t bytes) override {
     if (bytes == 0) return;
+    const bool dst_device = on_device(dst), src_device = on_device(src);
+    if (!dst_device && !src_device) {  // host to host (StagingComm's host payloads)
+      std::memcpy(dst, src, bytes);
+      return;
+    }
+    const OnDevice on(device_);
     DSP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_));  // direction from UVA
-    DSP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    if (!dst_device || !src_device) DSP_CUDA_CHECK(cudaStreamSynchronize(stream_));  // host memory involved
   }
   void zero(void* p, std::size_t bytes) override {
+    const OnDevice on(device_);
     if (bytes) DSP_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream_));
   }
   Cuda backend() const { return Cuda{stream_}; }
+  int device() const { return device_; }
 
  private:
+  // Makes `device` current for a scope (tensors may be freed at process exit from another
+  // thread than their rank's), restoring the previous one.
+  class OnDevice {
+   public:
+    explicit OnDevice(int device) {
+      DSP_CUDA_CHECK(cudaGetDevice(&previous_));
+      if (previous_ != device) DSP_CUDA_CHECK(cudaSetDevice(device));
+      switched_ = previous_ != device;
+    }
+    ~OnDevice() {
+      if (switched_) (void)cudaSetDevice(previous_);
+    }
+    OnDevice(const OnDevice&) = delete;
+    OnDevice& operator=(const OnDevice&) = delete;
+
+   private:
+    int previous_ = 0;
+    bool switched_ = false;
+  };
+  // Whether p is device (or managed) memory; pageable host memory is cudaMemoryTypeUnregistered.
+  static bool on_device(const void* p) {
+    cudaPointerAttributes a{};
+    DSP_CUDA_CHECK(cudaPointerGetAttributes(&a, p));
+    return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+  }
+
   cudaStream_t stream_;
+  int device_;
 };
 
 /// The memory space of backend `b`: tensors in the calling thread's current device's memory
@@ -54,7 +104,7 @@ inline MemorySpace* memory_space(Cuda b) {
   const int device = current_device();
   std::lock_guard lock(mu);
   CudaMemorySpace*& s = (*spaces)[{device, b.stream}];
-  if (!s) s = new CudaMemorySpace(b);
+  if (!s) s = new CudaMemorySpace(b, device);
   return s;
 }
 
