@@ -30,6 +30,7 @@ struct Run {
   double validation_loss = 0.0;
   std::map<std::string, std::vector<float>> params;  // the last rank's shards, copied to the host
   std::int64_t space_allocations = 0;
+  std::int64_t host_moment_bytes = 0, space_moment_bytes = 0;  // OptimizerState, after the steps
   bool every_parameter_in_space = true;
 };
 
@@ -46,13 +47,15 @@ void keep_until_exit(std::unique_ptr<test::GuardedSpace> space) {
 // when `guarded`; the ranks' communicator is Comm (ThreadComm, or StagingComm over it, which
 // copies tensors of the space to host buffers around every operation).
 template <class Comm = comm::ThreadComm>
-Run train_run(bool guarded, int tp, int pp, int dp, int steps, int zero_stage = 0, bool loss_scaling = false) {
+Run train_run(bool guarded, int tp, int pp, int dp, int steps, int zero_stage = 0, bool loss_scaling = false,
+              double offload_ratio = 0.0) {
   using P = Policy<backend::Host, Comm>;
   const auto config = test::small_model();
   const auto& data = test::shakespeare(config.seq_length);
   train::TrainConfig tc = test::small_train_config(8, steps);
   tc.zero_stage = zero_stage;
   if (loss_scaling) tc.loss_scaler.emplace();  // dynamic, fp32: the overflow check reads every gradient
+  tc.offload_ratio = offload_ratio;
   Run out;
   std::mutex mu;
   comm::launch(tp * pp * dp, [&](comm::ThreadComm& world) {
@@ -81,6 +84,8 @@ Run train_run(bool guarded, int tp, int pp, int dp, int steps, int zero_stage = 
             r.every_parameter_in_space && p->value.space() == (guarded ? space.get() : nullptr);
       }
       r.space_allocations = space->allocations;
+      r.host_moment_bytes = memory::snapshot()[memory::Category::OptimizerState].live;
+      r.space_moment_bytes = space->counters[memory::Category::OptimizerState].live;
       std::lock_guard lk(mu);
       if (world.rank() == world.size() - 1) out = std::move(r);  // the last stage reports the loss
     } catch (...) {
@@ -110,6 +115,22 @@ TEST_CASE("the same with dynamic loss scaling: the overflow check copies gradien
   CHECK(guarded.losses == host.losses);
   CHECK(guarded.grad_norms == host.grad_norms);
   CHECK(guarded.params == host.params);
+}
+
+TEST_CASE("optimizer offload: half the state in host memory, updated by the CPU, bitwise the run without offload") {
+  const Run host = train_run(false, 1, 1, 1, 3), offloaded = train_run(true, 1, 1, 1, 3, 0, false, 0.5);
+  CHECK(offloaded.losses == host.losses);
+  CHECK(offloaded.grad_norms == host.grad_norms);
+  CHECK(offloaded.params == host.params);
+  // The moments (2 x 4 bytes per element) split at the first parameter past half the elements:
+  // at least half on the host, and the rest in the space.
+  const std::int64_t total = offloaded.host_moment_bytes + offloaded.space_moment_bytes;
+  CHECK(total == host.host_moment_bytes);
+  CHECK(offloaded.host_moment_bytes >= total / 2);
+  CHECK(offloaded.space_moment_bytes > 0);
+  const Run all = train_run(true, 1, 1, 1, 1, 0, false, 1.0);
+  CHECK(all.space_moment_bytes == 0);
+  CHECK_THROWS_WITH_AS(train_run(false, 1, 1, 1, 1, 0, false, 1.5), doctest::Contains("offload ratio"), ConfigError);
 }
 
 TEST_CASE("the same at TP=2 x PP=2: collectives and pipeline transfers read tensors only through communicators") {

@@ -78,6 +78,11 @@ struct TrainConfig {
   /// --zero-stage: how much of the model state is partitioned over data parallelism
   /// (zero::ZeroOptimizer: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters).
   int zero_stage = 0;
+  /// Fraction of the optimizer state kept in host memory and updated by the CPU while the
+  /// device updates the rest (zero::ZeroOptimizer's offload_ratio; Megatron's
+  /// --optimizer-offload-fraction). On the Host backend it changes nothing but where the
+  /// update's copies go.
+  double offload_ratio = 0.0;
   /// Dynamic loss scaling (null: none; with precision::Fp16Mixed LossScalerConfig's defaults): the backward starts from the
   /// loss times the scale, the reduced gradients are multiplied by 1 / scale, and a step whose
   /// gradients hold an infinity or NaN on any rank is skipped by every rank (parameters,
@@ -161,7 +166,8 @@ class Trainer {
   /// backend's (for backend::Cuda: construct and use the trainer inside
   /// MemorySpaceScope(memory_space(Cuda{}))). Fp32 on a device backend covers training steps
   /// and evaluate() at any TP x PP x DP with ZeRO 0, over a communicator that reads device
-  /// memory (comm::StagingComm for ranks sharing one GPU); 16-bit activations and gradients,
+  /// memory and also takes the trainer's host-side sums (comm::StagingComm, for ranks sharing
+  /// one GPU; NcclComm takes device memory only, so not yet); 16-bit activations and gradients,
   /// ZeRO stages 1-3, MoE layers and checkpoints still read tensors on the host and throw Error
   /// naming the space.
   /// Collective over the mesh. Throws ConfigError when the model does not split over TP or
@@ -183,7 +189,8 @@ class Trainer {
                  checked_stage(tc.zero_stage), Optimizer::mixed),
         expert_buckets_(mesh.expert_data_group(), grad_ready_order(true), ddp_config(tc), nullptr, tc.zero_stage,
                         Optimizer::mixed),
-        optimizer_(parameters(), {&buckets_, &expert_buckets_}, tc.adam, mesh.tp_size(), mesh.tp_rank()),
+        optimizer_(parameters(), {&buckets_, &expert_buckets_}, tc.adam, mesh.tp_size(), mesh.tp_rank(),
+                   tc.offload_ratio),
         schedule_{tc.lr, tc.min_lr, tc.lr_warmup_iters, tc.lr_decay_iters > 0 ? tc.lr_decay_iters : tc.train_iters} {
     DSP_CHECK_AS(ConfigError, data.seq_length() == config.seq_length, "data windows of ", data.seq_length(),
                  " tokens do not match --seq-length ", config.seq_length);

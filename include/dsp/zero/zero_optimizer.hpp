@@ -83,9 +83,18 @@ class ZeroOptimizer {
   /// (mixed_precision); stores each parameter in T (Parameters), its owned slice's fp32 master
   /// copy as OptimizerState, and frees the fp32 values and gradients. Throws Error for a
   /// parameter in no bucket, buckets of mixed stages, or buckets that keep the wrong precision.
+  /// offload_ratio (ZeRO-Offload, Ren et al., USENIX ATC'21, section 4; DeepSpeed's
+  /// offload_optimizer.ratio, Megatron's --optimizer-offload-fraction): the fraction of the
+  /// optimizer state kept in host memory and updated by the CPU: the state of the first
+  /// parameters in `params` until that fraction of their elements is reached (so at least the
+  /// fraction, by at most one parameter). Throws ConfigError outside [0, 1].
   ZeroOptimizer(std::vector<model::Parameter*> params, std::vector<Buckets*> buckets, AdamWConfig config,
-                int tp_size, int tp_rank)
+                int tp_size, int tp_rank, double offload_ratio = 0.0)
       : config_(config), stage_(buckets.at(0)->zero_stage()), data_(&buckets.front()->group()) {
+    DSP_CHECK_AS(ConfigError, offload_ratio >= 0.0 && offload_ratio <= 1.0,
+                 "the optimizer offload ratio must be in [0, 1], got ", offload_ratio);
+    std::int64_t total = 0, offloaded = 0;  // parameter elements
+    for (auto* p : params) total += p->value.numel();
     for (auto* b : buckets) {
       DSP_CHECK(b->zero_stage() == stage_, "zero: gradient buckets for stages ", stage_, " and ", b->zero_stage());
       DSP_CHECK(b->mixed_precision() == mixed, "zero: the gradient buckets ", mixed ? "do not keep" : "keep",
@@ -100,14 +109,17 @@ class ZeroOptimizer {
       s.range = s.buckets->range(*p);
       s.shape = p->value.shape();
       const Shape moment = stage_ == 0 ? s.shape : Shape{s.range.size};
-      s.exp_avg = Tensor(moment, memory::Category::OptimizerState);
-      s.exp_avg_sq = Tensor(moment, memory::Category::OptimizerState);
+      s.offloaded = static_cast<double>(offloaded) < offload_ratio * static_cast<double>(total);
+      if (s.offloaded) offloaded += dsp::numel(s.shape);
+      MemorySpace* state_space = s.offloaded ? nullptr : current_memory_space();  // host memory when offloaded
+      s.exp_avg = Tensor(moment, memory::Category::OptimizerState, state_space);
+      s.exp_avg_sq = Tensor(moment, memory::Category::OptimizerState, state_space);
       auto w = ownership_weights(p->spec, tp_size, tp_rank);
       if (!std::all_of(w.begin(), w.end(), [](float x) { return x == 1.0f; }))
         s.weights = SpaceArray<float>(w);
       if (stage_ >= 2 || mixed) p->grad = Tensor{};
       if constexpr (mixed) {
-        s.master = Tensor({s.range.size}, memory::Category::OptimizerState);
+        s.master = Tensor({s.range.size}, memory::Category::OptimizerState, state_space);
         std::copy_n(p->value.span().data() + s.range.begin, s.range.valid(), s.master.span().data());
       }
       if (transient_values()) {  // what is stored: the owned slice (stage 3) or the whole shard in T
@@ -216,18 +228,25 @@ class ZeroOptimizer {
   /// from its reduced (and clipped) gradient; at stages 1 and 2 then all-gathers the
   /// parameters over their groups. Collective over the buckets' groups from stage 1.
   /// Mixed precision: steps the fp32 master slice from the widened gradient and rounds it into
-  /// the stored 16-bit parameter.
+  /// the stored 16-bit parameter. Offloaded state (offload_ratio): parameters and gradients in
+  /// another memory space are copied to the host first, then the backend's updates of the rest
+  /// are enqueued (on a device they run while the CPU works), then the CPU updates the
+  /// offloaded ones (the Host op, the same formula) and copies the parameters back.
   void step(float lr) {
     drop_prefetch();
     ++step_;
+    std::vector<HostStep> on_host;
+    for (auto& s : slots_)
+      if (s.offloaded) on_host.push_back(stage_to_host(s));
     for (auto& s : slots_) {
+      if (s.offloaded) continue;
       Tensor wide;
       const std::span<const float> g = fp32_gradient(s, wide);
-      const auto n = static_cast<std::int64_t>(g.size());
-      adamw_update(Backend{}, n, owned_values(s), g.data(), s.exp_avg.data(),
-                   s.exp_avg_sq.data(), lr, config_.beta1, config_.beta2, config_.eps,
-                   s.p->weight_decay ? config_.weight_decay : 0.0f, step_);
-      if constexpr (mixed) narrow(s.master.span().data(), n, s.stored.data() + (stage_ == 3 ? 0 : s.range.begin));
+      update(Backend{}, s, owned_values(s), g.data(), static_cast<std::int64_t>(g.size()), lr);
+    }
+    for (auto& h : on_host) {
+      update(backend::Host{}, *h.slot, h.values, h.gradient, h.n, lr);
+      if (h.value_space) h.value_space->copy(owned_values(*h.slot), h.values, static_cast<std::size_t>(h.n) * sizeof(float));
     }
     grad_factor_ = 1.0f;
     if (stage_ == 1 || stage_ == 2) gather_parameters();
@@ -337,6 +356,7 @@ class ZeroOptimizer {
 
   struct Slot {
     model::Parameter* p = nullptr;
+    bool offloaded = false;          // moments (and master) in host memory, updated by the CPU
     Buckets* buckets = nullptr;
     ShardRange range;
     Shape shape;                     // the whole local shape
@@ -346,6 +366,48 @@ class ZeroOptimizer {
     SpaceArray<float> weights;       // ownership weights of the whole local shard (empty: all owned), where the gradients are
     int refs = 0;                    // stage 3: acquired parts reading the parameter
   };
+
+  // One AdamW update on backend B of the n owned values from gradient g (pointers B reads).
+  template <class B>
+  void update(B b, Slot& s, float* values, const float* g, std::int64_t n, float lr) {
+    adamw_update(b, n, values, g, s.exp_avg.data(), s.exp_avg_sq.data(), lr, config_.beta1, config_.beta2,
+                 config_.eps, s.p->weight_decay ? config_.weight_decay : 0.0f, step_);
+    if constexpr (mixed) narrow(s.master.span().data(), n, s.stored.data() + (stage_ == 3 ? 0 : s.range.begin));
+  }
+
+  // An offloaded slot's update inputs in host memory: the owned values and the fp32 gradient,
+  // copied out of their memory space when they are in one (Workspace).
+  struct HostStep {
+    Slot* slot;
+    std::int64_t n = 0;
+    float* values = nullptr;
+    const float* gradient = nullptr;
+    MemorySpace* value_space = nullptr;  // where the values go back to (null: updated in place)
+    Buffer<float> value_copy, gradient_copy;
+    Tensor wide;                         // mixed precision: the widened gradient
+  };
+  HostStep stage_to_host(Slot& s) {
+    HostStep h{&s};
+    const std::span<const float> g = fp32_gradient(s, h.wide);
+    h.n = static_cast<std::int64_t>(g.size());
+    h.values = owned_values(s);
+    h.gradient = g.data();
+    const auto bytes = static_cast<std::size_t>(h.n) * sizeof(float);
+    // Only fp32 below stage 3 reads the parameter itself (and at stage 0 its gradient) in
+    // place; the other cases update host buffers already.
+    if (!mixed && stage_ < 3 && !s.p->value.on_host()) {
+      h.value_space = s.p->value.space();
+      h.value_copy = Buffer<float>(g.size(), 0.0f, memory::CountingAllocator<float>(memory::Category::Workspace));
+      h.value_space->copy(h.value_copy.data(), h.values, bytes);
+      h.values = h.value_copy.data();
+    }
+    if (!mixed && stage_ == 0 && !s.p->grad.on_host()) {
+      h.gradient_copy = Buffer<float>(g.size(), 0.0f, memory::CountingAllocator<float>(memory::Category::Workspace));
+      s.p->grad.space()->copy(h.gradient_copy.data(), h.gradient, bytes);
+      h.gradient = h.gradient_copy.data();
+    }
+    return h;
+  }
 
   // A background all-gather of one parameter's slices (stage 3).
   struct Gather {
