@@ -5,6 +5,7 @@
 // bitwise: the same host ops run on the same values, only the allocation differs.
 #include <doctest/doctest.h>
 
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -27,6 +28,7 @@ namespace {
 
 struct Run {
   std::vector<double> losses, grad_norms;
+  int skipped = 0;  // steps skipped by loss scaling
   double validation_loss = 0.0;
   std::map<std::string, std::vector<float>> params;  // the last rank's shards, copied to the host
   std::int64_t space_allocations = 0;
@@ -54,7 +56,7 @@ Run train_run(bool guarded, int tp, int pp, int dp, int steps, int zero_stage = 
   const auto& data = test::shakespeare(config.seq_length);
   train::TrainConfig tc = test::small_train_config(8, steps);
   tc.zero_stage = zero_stage;
-  if (loss_scaling) tc.loss_scaler.emplace();  // dynamic, fp32: the overflow check reads every gradient
+  if (loss_scaling) tc.loss_scaler.emplace();  // dynamic; an infinity is injected at step 2 (below)
   tc.offload_ratio = offload_ratio;
   Run out;
   std::mutex mu;
@@ -71,10 +73,16 @@ Run train_run(bool guarded, int tp, int pp, int dp, int steps, int zero_stage = 
       DeviceMesh mesh(rank_comm, ParallelLayout{.tensor = tp, .pipeline = pp, .data = dp});
       train::Trainer<P> trainer(config, tc, mesh, data);
       Run r;
-      for (int s = 0; s < steps; ++s) {
+      int step = 0;
+      if (loss_scaling)  // the test writes the gradient's memory directly: GuardedSpace is host memory underneath
+        trainer.set_grad_hook([&](train::Trainer<P>& t) {
+          if (step == 1) t.optimizer().gradient(0)[0] = std::numeric_limits<float>::infinity();
+        });
+      for (int s = 0; s < steps; ++s, ++step) {
         const auto step = trainer.train_step();
         r.losses.push_back(step.loss);
-        r.grad_norms.push_back(step.grad_norm);
+        r.grad_norms.push_back(step.skipped ? -1.0 : step.grad_norm);  // a skipped step's norm is NaN
+        r.skipped += step.skipped ? 1 : 0;
       }
       r.validation_loss = trainer.evaluate();  // forward only, stage after stage
       for (auto* p : trainer.parameters()) {
@@ -111,7 +119,9 @@ TEST_CASE("a training step that never touches elements on the host: bitwise the 
 }
 
 TEST_CASE("the same with dynamic loss scaling: the overflow check copies gradients to the host explicitly") {
-  const Run host = train_run(false, 1, 1, 1, 3, 0, true), guarded = train_run(true, 1, 1, 1, 3, 0, true);
+  const Run host = train_run(false, 1, 1, 1, 4, 0, true), guarded = train_run(true, 1, 1, 1, 4, 0, true);
+  CHECK(host.skipped == 1);  // the injected infinity was found
+  CHECK(guarded.skipped == 1);
   CHECK(guarded.losses == host.losses);
   CHECK(guarded.grad_norms == host.grad_norms);
   CHECK(guarded.params == host.params);

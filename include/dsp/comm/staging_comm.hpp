@@ -38,7 +38,11 @@ class StagingComm {
 
   /// The inner communicator's operations with the same contracts (who calls, which ranks hold
   /// the result, what blocks); spans may be in the current memory space. The asynchronous
-  /// forms copy the results back in Work::wait(), on the waiting thread.
+  /// forms copy the results back when the Work completes: in wait(), on the waiting thread, or
+  /// in the first completed() that finds the inner operation done (so that completed() may then
+  /// wait for the space's copy). A staged operation's host buffers live until it completes, even
+  /// when its Work is dropped first. The inner communicator sees disjoint host buffers, so its
+  /// checks of overlapping arguments do not apply.
   template <class T>
   void all_reduce(std::span<T> data, ReduceOp op = ReduceOp::Sum) {
     MemorySpace* s = current_memory_space();
@@ -195,15 +199,33 @@ class StagingComm {
     if (!in.empty()) s->copy(h->host.data(), in.data(), in.size_bytes());
     return h;
   }
+  // An operation in flight on staged buffers: if it is dropped before it completed, the buffers
+  // go to keep_until_exit (the inner communicator may still read or write them).
+  template <class T>
+  struct InFlight {
+    Work inner;
+    std::shared_ptr<Staged<T>> out;
+    std::shared_ptr<void> in;
+    InFlight(Work w, std::shared_ptr<Staged<T>> o, std::shared_ptr<void> i)
+        : inner(std::move(w)), out(std::move(o)), in(std::move(i)) {}
+    InFlight(const InFlight&) = delete;
+    InFlight& operator=(const InFlight&) = delete;
+    ~InFlight() {
+      if (inner.completed()) return;
+      detail::keep_until_exit(std::move(out));
+      detail::keep_until_exit(std::move(in));
+    }
+  };
   // A Work that waits for `w`, then copies `h` to `out` in space s; `keep` (the staged input)
   // lives as long as the operation.
   template <class T>
   static Work copy_out_on_wait(MemorySpace* s, Work w, std::shared_ptr<Staged<T>> h, std::span<T> out, const char* op,
                                std::shared_ptr<void> keep = nullptr) {
-    return Work([s, w, h, out, keep] {
-      w.wait();
-      h->copy_out(s, out);
-    }, [w] { return w.completed(); }, op);
+    auto f = std::make_shared<InFlight<T>>(std::move(w), std::move(h), std::move(keep));
+    return Work([s, f, out] {
+      f->inner.wait();
+      f->out->copy_out(s, out);
+    }, [f] { return f->inner.completed(); }, op);
   }
 
   Inner inner_;

@@ -378,7 +378,7 @@ class ZeroOptimizer {
   // An offloaded slot's update inputs in host memory: the owned values and the fp32 gradient,
   // copied out of their memory space when they are in one (Workspace).
   struct HostStep {
-    Slot* slot;
+    Slot* slot = nullptr;
     std::int64_t n = 0;
     float* values = nullptr;
     const float* gradient = nullptr;
@@ -387,7 +387,8 @@ class ZeroOptimizer {
     Tensor wide;                         // mixed precision: the widened gradient
   };
   HostStep stage_to_host(Slot& s) {
-    HostStep h{&s};
+    HostStep h;
+    h.slot = &s;
     const std::span<const float> g = fp32_gradient(s, h.wide);
     h.n = static_cast<std::int64_t>(g.size());
     h.values = owned_values(s);

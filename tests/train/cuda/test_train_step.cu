@@ -1,7 +1,7 @@
 // A whole training step on the GPU against the same steps on the Host backend (fp32): the
 // model's parameters, gradients, activations and optimizer state live in device memory
 // (MemorySpaceScope(memory_space(Cuda))), every op is the CUDA one. One rank, and TP=2 / DP=2
-// with four ranks sharing the one GPU through StagingComm (the shared-device path), both
+// with two ranks sharing the one GPU through StagingComm (the shared-device path), both
 // against the Host backend at TP1/DP1.
 // Tolerance 1e-5 relative (issue 7's bound): the two backends differ only in summation order
 // (cuBLAS's fp32 GEMM, pure fp32 without TF32, against OpenBLAS; fp64 row sums on both) and fused
@@ -34,6 +34,7 @@ struct Run {
   std::vector<double> losses, grad_norms;
   std::map<std::string, std::vector<float>> params;  // copied to the host
   std::int64_t device_parameter_bytes = 0;
+  std::int64_t host_state_bytes = 0, device_state_bytes = 0;  // OptimizerState, rank 0
 };
 
 // Trains `steps` steps at TP x DP on Backend; the ranks share the calling process's current
@@ -59,8 +60,11 @@ Run train_run(int steps, int tp = 1, int dp = 1, double offload_ratio = 0.0) {
       r.losses.push_back(step.loss);
       r.grad_norms.push_back(step.grad_norm);
     }
-    if constexpr (std::is_same_v<Backend, backend::Cuda>)
+    r.host_state_bytes = memory::snapshot()[memory::Category::OptimizerState].live;
+    if constexpr (std::is_same_v<Backend, backend::Cuda>) {
       r.device_parameter_bytes = memory::device_snapshot()[memory::Category::Parameters].live;
+      r.device_state_bytes = memory::device_snapshot()[memory::Category::OptimizerState].live;
+    }
     if (world.rank() != 0) return;
     std::lock_guard lk(mu);
     out = std::move(r);
@@ -104,11 +108,19 @@ TEST_CASE("TP=2 and DP=2 on one GPU through the shared-device path equal TP1 wit
     const Run gpu = train_run<backend::Cuda>(3, tp, dp);
     CHECK(gpu.device_parameter_bytes > 0);
     check_steps(gpu, tp1);
+    if (tp > 1) continue;  // DP: rank 0 holds every parameter whole
+    for (const auto& [name, want] : tp1.params) {
+      CAPTURE(name);
+      CHECK(test::relative_error(gpu.params.at(name), want) <= 1e-5);
+    }
   }
 }
 
 TEST_CASE("optimizer offload on the GPU: half the state updated by the CPU equals the Host step within 1e-5") {
   const Run host = train_run<backend::Host>(3), gpu = train_run<backend::Cuda>(3, 1, 1, 0.5);
+  CHECK(gpu.host_state_bytes > 0);  // the offloaded moments, in host memory ...
+  CHECK(gpu.device_state_bytes > 0);  // ... and the rest on the device
+  CHECK(gpu.host_state_bytes >= gpu.device_state_bytes);  // at least half offloaded
   check_steps(gpu, host);
   for (const auto& [name, want] : host.params) {
     CAPTURE(name);
