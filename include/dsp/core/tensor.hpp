@@ -39,8 +39,8 @@ inline std::string shape_str(const Shape& s) {
 /// (live and peak bytes of the allocating thread; host bytes by dsp::memory, a space's in that
 /// space's counters) in the category current when it is constructed, or the one given; a copy
 /// counts in the current category, a moved tensor keeps its own (core/memory.hpp).
-/// Host accessors (span, values, operator[], fill) throw Error for a tensor
-/// that is not on the host: copy it with to_host() first. data() and raw_span() work anywhere,
+/// Host accessors (span, values, operator[], fill) throw Error for a tensor that is not on the
+/// host: copy it with to_host() or copy_to_host() first. data() and raw_span() work anywhere,
 /// for ops and communicators of a backend that reads that memory.
 class Tensor {
  public:

@@ -1,5 +1,5 @@
 #pragma once
-// The CUDA memory space: tensors (core/tensor.hpp) in the current device's memory, allocated
+// The CUDA memory space: tensors (core/tensor.hpp) in a device's memory, allocated
 // stream-ordered on one stream and counted in the device counters (backend/cuda/memory.hpp).
 #include <cuda_runtime.h>
 
@@ -15,7 +15,7 @@
 
 namespace dsp::backend {
 
-/// Device memory of the calling thread's current device, ordered on one stream: allocation,
+/// Device memory of one device, ordered on one of its streams: allocation,
 /// zeroing and copies are enqueued there, so ops enqueued on the same stream (the backend's)
 /// may use a tensor at once. A copy to or from host memory waits for the stream before it
 /// returns (host code reads what it copied out; pageable host memory is not pinned); one
