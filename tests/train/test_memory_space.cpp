@@ -105,6 +105,14 @@ Run train_run(bool guarded, int tp, int pp, int dp, int steps, int zero_stage = 
   return out;
 }
 
+// Bitwise the same steps, validation loss and final parameters.
+void check_bitwise(const Run& got, const Run& want) {
+  CHECK(got.losses == want.losses);
+  CHECK(got.grad_norms == want.grad_norms);
+  CHECK(got.validation_loss == want.validation_loss);
+  CHECK(got.params == want.params);
+}
+
 }  // namespace
 
 TEST_CASE("a training step that never touches elements on the host: bitwise the host run, one rank") {
@@ -112,10 +120,7 @@ TEST_CASE("a training step that never touches elements on the host: bitwise the 
   CHECK(guarded.every_parameter_in_space);
   CHECK(guarded.space_allocations > 0);
   CHECK(host.every_parameter_in_space);  // null space: host memory
-  CHECK(guarded.losses == host.losses);
-  CHECK(guarded.grad_norms == host.grad_norms);
-  CHECK(guarded.validation_loss == host.validation_loss);
-  CHECK(guarded.params == host.params);
+  check_bitwise(guarded, host);
 }
 
 TEST_CASE("the same with dynamic loss scaling: the overflow check copies gradients to the host explicitly") {
@@ -146,10 +151,7 @@ TEST_CASE("optimizer offload: half the state in host memory, updated by the CPU,
 TEST_CASE("the same at TP=2 x PP=2: collectives and pipeline transfers read tensors only through communicators") {
   const Run host = train_run(false, 2, 2, 1, 2), guarded = train_run(true, 2, 2, 1, 2);
   CHECK(guarded.every_parameter_in_space);
-  CHECK(guarded.losses == host.losses);
-  CHECK(guarded.grad_norms == host.grad_norms);
-  CHECK(guarded.validation_loss == host.validation_loss);
-  CHECK(guarded.params == host.params);
+  check_bitwise(guarded, host);
 }
 
 TEST_CASE("StagingComm (the shared-device path): TP=2 x DP=2 and PP=2 x DP=2 through host copies, bitwise the host run") {
@@ -159,10 +161,7 @@ TEST_CASE("StagingComm (the shared-device path): TP=2 x DP=2 and PP=2 x DP=2 thr
     CAPTURE(pp);
     const Run host = train_run(false, tp, pp, 2, 2), staged = train_run<Staging>(true, tp, pp, 2, 2);
     CHECK(staged.every_parameter_in_space);
-    CHECK(staged.losses == host.losses);
-    CHECK(staged.grad_norms == host.grad_norms);
-    CHECK(staged.validation_loss == host.validation_loss);
-    CHECK(staged.params == host.params);
+    check_bitwise(staged, host);
   }
 }
 

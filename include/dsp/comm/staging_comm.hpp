@@ -37,19 +37,17 @@ class StagingComm {
   Inner& inner() { return inner_; }
 
   /// The inner communicator's operations with the same contracts (who calls, which ranks hold
-  /// the result, what blocks); spans may be in the current memory space. The asynchronous
-  /// forms copy the results back when the Work completes: in wait(), on the waiting thread, or
+  /// the result, what blocks); spans may be in the current memory space. Staged, a blocking
+  /// form is the asynchronous one waited on. The asynchronous forms copy the results back when
+  /// the Work completes: in wait(), on the waiting thread, or
   /// in the first completed() that finds the inner operation done (so that completed() may then
   /// wait for the space's copy). A staged operation's host buffers live until it completes, even
   /// when its Work is dropped first. The inner communicator sees disjoint host buffers, so its
   /// checks of overlapping arguments do not apply.
   template <class T>
   void all_reduce(std::span<T> data, ReduceOp op = ReduceOp::Sum) {
-    MemorySpace* s = current_memory_space();
-    if (!s) return inner_.all_reduce(data, op);
-    auto h = stage_in(s, data);
-    inner_.all_reduce(h->span(), op);
-    h->copy_out(s, data);
+    if (!current_memory_space()) return inner_.all_reduce(data, op);
+    all_reduce_async(data, op).wait();
   }
   template <class T>
   Work all_reduce_async(std::span<T> data, ReduceOp op = ReduceOp::Sum) {
@@ -61,12 +59,8 @@ class StagingComm {
 
   template <class T>
   void reduce_scatter(std::span<const T> in, std::span<T> out, ReduceOp op = ReduceOp::Sum) {
-    MemorySpace* s = current_memory_space();
-    if (!s) return inner_.reduce_scatter(in, out, op);
-    auto hin = stage_in(s, in);
-    auto hout = stage<T>(out.size());
-    inner_.reduce_scatter(std::span<const T>(hin->span()), hout->span(), op);
-    hout->copy_out(s, out);
+    if (!current_memory_space()) return inner_.reduce_scatter(in, out, op);
+    reduce_scatter_async(in, out, op).wait();
   }
   template <class T>
   Work reduce_scatter_async(std::span<const T> in, std::span<T> out, ReduceOp op = ReduceOp::Sum) {
@@ -80,12 +74,8 @@ class StagingComm {
 
   template <class T>
   void all_gather(std::span<const T> in, std::span<T> out) {
-    MemorySpace* s = current_memory_space();
-    if (!s) return inner_.all_gather(in, out);
-    auto hin = stage_in(s, in);
-    auto hout = stage<T>(out.size());
-    inner_.all_gather(std::span<const T>(hin->span()), hout->span());
-    hout->copy_out(s, out);
+    if (!current_memory_space()) return inner_.all_gather(in, out);
+    all_gather_async(in, out).wait();
   }
   template <class T>
   Work all_gather_async(std::span<const T> in, std::span<T> out) {
@@ -99,11 +89,8 @@ class StagingComm {
 
   template <class T>
   void broadcast(std::span<T> data, int root) {
-    MemorySpace* s = current_memory_space();
-    if (!s) return inner_.broadcast(data, root);
-    auto h = stage_in(s, data);
-    inner_.broadcast(h->span(), root);
-    h->copy_out(s, data);
+    if (!current_memory_space()) return inner_.broadcast(data, root);
+    broadcast_async(data, root).wait();
   }
   template <class T>
   Work broadcast_async(std::span<T> data, int root) {
@@ -115,10 +102,8 @@ class StagingComm {
 
   template <class T>
   void send(std::span<const T> data, int dst, int tag = 0) {
-    MemorySpace* s = current_memory_space();
-    if (!s) return inner_.send(data, dst, tag);
-    auto h = stage_in(s, data);
-    inner_.send(std::span<const T>(h->span()), dst, tag);
+    if (!current_memory_space()) return inner_.send(data, dst, tag);
+    send_async(data, dst, tag).wait();
   }
   template <class T>
   Work send_async(std::span<const T> data, int dst, int tag = 0) {
@@ -130,11 +115,8 @@ class StagingComm {
   }
   template <class T>
   void recv(std::span<T> data, int src, int tag = 0) {
-    MemorySpace* s = current_memory_space();
-    if (!s) return inner_.recv(data, src, tag);
-    auto h = stage<T>(data.size());
-    inner_.recv(h->span(), src, tag);
-    h->copy_out(s, data);
+    if (!current_memory_space()) return inner_.recv(data, src, tag);
+    recv_async(data, src, tag).wait();
   }
   template <class T>
   Work recv_async(std::span<T> data, int src, int tag = 0) {
@@ -147,12 +129,8 @@ class StagingComm {
   template <class T>
   void all_to_all_v(std::span<const T> in, std::vector<std::int64_t> send_counts, std::span<T> out,
                     std::vector<std::int64_t> recv_counts) {
-    MemorySpace* s = current_memory_space();
-    if (!s) return inner_.all_to_all_v(in, std::move(send_counts), out, std::move(recv_counts));
-    auto hin = stage_in(s, in);
-    auto hout = stage<T>(out.size());
-    inner_.all_to_all_v(std::span<const T>(hin->span()), std::move(send_counts), hout->span(), std::move(recv_counts));
-    hout->copy_out(s, out);
+    if (!current_memory_space()) return inner_.all_to_all_v(in, std::move(send_counts), out, std::move(recv_counts));
+    all_to_all_v_async(in, std::move(send_counts), out, std::move(recv_counts)).wait();
   }
   template <class T>
   Work all_to_all_v_async(std::span<const T> in, std::vector<std::int64_t> send_counts, std::span<T> out,

@@ -124,13 +124,18 @@ class Tensor {
     }
   }
   /// A copy in `space` (null: host memory), counted in the current category.
-  Tensor to(MemorySpace* space) const {
+  Tensor to(MemorySpace* space) const& {
     if (space == block_.space()) return *this;
     if (numel() == 0 && shape_.empty()) return Tensor{};  // default-constructed or moved-from
     Tensor out(shape_, memory::current_category(), space);
     MemorySpace* copier = space ? space : block_.space();
     copier->copy(out.data(), data(), static_cast<std::size_t>(numel()) * sizeof(float));
     return out;
+  }
+  /// This tensor in `space`: itself, moved, when it is there already, else a copy.
+  Tensor to(MemorySpace* space) && {
+    if (space == block_.space()) return std::move(*this);
+    return std::as_const(*this).to(space);
   }
   /// A host copy (this tensor itself, copied, when it is on the host already).
   Tensor to_host() const { return to(nullptr); }

@@ -209,18 +209,13 @@ class GradBuckets {
               return;
             }
             if (!sharded()) {
-              std::int64_t off = 0;
-              for (auto* p : b.params) {  // fp32: copied into the gradient wherever it lives
-                const auto n = p->grad.numel();
-                if constexpr (std::is_same_v<T, float>) {
-                  p->grad.copy_from_host(std::span<const float>(payload).subspan(static_cast<std::size_t>(off),
-                                                                                 static_cast<std::size_t>(n)));
+              for_each_slice(b, payload, [](Tensor& grad, std::span<T> slice) {
+                if constexpr (std::is_same_v<T, float>) {  // copied into the gradient wherever it lives
+                  grad.copy_from_host(slice);
                 } else {  // 16-bit: host gradients only (span() throws for others)
-                  float* g = p->grad.span().data();
-                  for (std::int64_t i = 0; i < n; ++i) g[i] = static_cast<float>(payload[static_cast<std::size_t>(off + i)]);
+                  std::ranges::transform(slice, grad.span().begin(), [](T x) { return static_cast<float>(x); });
                 }
-                off += n;
-              }
+              });
               return;
             }
             if constexpr (!std::is_same_v<T, float>)  // a 16-bit payload was reduced in place
@@ -365,6 +360,18 @@ class GradBuckets {
       launch(buckets_[next_launch_++]);
   }
 
+  // f(gradient, slice) for each parameter of the bucket: its gradient's elements sit at `slice`
+  // of the bucket's (unsharded) payload.
+  template <class T, class F>
+  static void for_each_slice(Bucket& b, Payload<T>& payload, F f) {
+    std::size_t off = 0;
+    for (auto* p : b.params) {
+      const auto n = static_cast<std::size_t>(p->grad.numel());
+      f(p->grad, std::span<T>(payload).subspan(off, n));
+      off += n;
+    }
+  }
+
   // Packs the bucket's gradients into its payload and starts the all-reduce (ZeRO: the
   // reduce-scatter).
   void launch(Bucket& b) {
@@ -372,17 +379,13 @@ class GradBuckets {
     if (dp_->size() == 1 && !mixed_) return;
     std::visit(
         [&]<class T>(Payload<T>& payload) {
-          std::int64_t off = 0;
-          for (auto* p : b.params) {  // fp32: copied from the gradient wherever it lives
-            const auto n = p->grad.numel();
-            if constexpr (std::is_same_v<T, float>) {
-              p->grad.copy_to_host(std::span(payload).subspan(static_cast<std::size_t>(off), static_cast<std::size_t>(n)));
+          for_each_slice(b, payload, [](Tensor& grad, std::span<T> slice) {
+            if constexpr (std::is_same_v<T, float>) {  // copied from the gradient wherever it lives
+              grad.copy_to_host(slice);
             } else {  // 16-bit: host gradients only (span() throws for others)
-              const float* g = p->grad.span().data();
-              for (std::int64_t i = 0; i < n; ++i) payload[static_cast<std::size_t>(off + i)] = T(g[i]);
+              std::ranges::transform(grad.span(), slice.begin(), [](float x) { return T(x); });
             }
-            off += n;
-          }
+          });
           if (releases_gradients())
             for (auto* p : b.params) p->grad = Tensor{};
           if (dp_->size() > 1) b.work = dp_->all_reduce_async(std::span<T>(payload));

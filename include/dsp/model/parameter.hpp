@@ -55,9 +55,8 @@ struct Parameter {
           host[l + k] = static_cast<float>(init.std * rng.normal(static_cast<std::uint64_t>(g + k)));
       });
     }
-    if (!current_memory_space()) return host;
     memory::CategoryScope category(memory::Category::Parameters);
-    return host.to(current_memory_space());
+    return std::move(host).to(current_memory_space());
   }
 };
 

@@ -30,14 +30,15 @@ class VocabParallelEmbedding {
       DSP_CHECK_AS(InputError, id >= 0 && id < vocab_, "token id ", id, " outside the vocabulary [0, ", vocab_, ")");
     const auto n = static_cast<std::int64_t>(ids.size());
     Tensor out({n, hidden()});
-    embedding_forward(Backend{}, SpaceArray<std::int32_t>(ids).data(), n, weight_.value.data(), rows_local(), row_offset(), hidden(), out.data());
+    embedding_forward(Backend{}, SpaceArray<std::int32_t>(ids).data(), n, weight_.value.data(), rows_local(),
+                      row_offset(), hidden(), out.data());
     ReduceFromTpRegion::forward(*tp_, out);
     return out;
   }
   /// dy [tokens, hidden] (the same on every TP rank): accumulates this rank's rows of dW.
   void backward(const std::vector<std::int32_t>& ids, const Tensor& dy) {
-    embedding_backward(Backend{}, SpaceArray<std::int32_t>(ids).data(), static_cast<std::int64_t>(ids.size()), dy.data(), rows_local(),
-                       row_offset(), hidden(), weight_.grad.data());
+    embedding_backward(Backend{}, SpaceArray<std::int32_t>(ids).data(), static_cast<std::int64_t>(ids.size()),
+                       dy.data(), rows_local(), row_offset(), hidden(), weight_.grad.data());
   }
 
   model::Parameter& weight() { return weight_; }

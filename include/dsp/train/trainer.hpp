@@ -251,7 +251,7 @@ class Trainer {
       if (stage.layers().post_process) {
         Tensor host({tc_.micro_batch_size * seq}, memory::current_category(), nullptr);
         host.fill(static_cast<float>(loss_scale / loss_tokens));
-        dy = host.to(current_memory_space());
+        dy = std::move(host).to(current_memory_space());
       }
       auto it = stash.find({m, s});
       Tensor dx = stage.backward(it->second, dy, last ? &ready : nullptr);

@@ -202,15 +202,11 @@ class ZeroOptimizer {
     if constexpr (mixed) grad_factor_ = factor;
     for (auto& s : slots_) {
       const std::span<T> g = grad(s);
-      const auto finite = [](T x) { return std::isfinite(static_cast<float>(x)); };
+      const auto finite = [](auto x) { return std::isfinite(static_cast<float>(x)); };
       if constexpr (!mixed) {
-        if (stage_ == 0 && !s.p->grad.on_host()) {  // the gradient itself, in another space: checked on a host copy
-          std::vector<float> host(g.size());
-          s.p->grad.copy_to_host(host);
-          found = found || !std::all_of(host.begin(), host.end(), finite);
-        } else {
-          found = found || !std::all_of(g.begin(), g.end(), finite);
-        }
+        Buffer<float> copy;
+        const std::span<const float> h = host_gradient(s, g, copy);
+        found = found || !std::all_of(h.begin(), h.end(), finite);
         scale(Backend{}, static_cast<std::int64_t>(g.size()), factor, g.data());
       } else {
         found = found || !std::all_of(g.begin(), g.end(), finite);
@@ -392,7 +388,6 @@ class ZeroOptimizer {
     const std::span<const float> g = fp32_gradient(s, h.wide);
     h.n = static_cast<std::int64_t>(g.size());
     h.values = owned_values(s);
-    h.gradient = g.data();
     const auto bytes = static_cast<std::size_t>(h.n) * sizeof(float);
     // Only fp32 below stage 3 reads the parameter itself (and at stage 0 its gradient) in
     // place; the other cases update host buffers already.
@@ -402,12 +397,16 @@ class ZeroOptimizer {
       h.value_space->copy(h.value_copy.data(), h.values, bytes);
       h.values = h.value_copy.data();
     }
-    if (!mixed && stage_ == 0 && !s.p->grad.on_host()) {
-      h.gradient_copy = Buffer<float>(g.size(), 0.0f, memory::CountingAllocator<float>(memory::Category::Workspace));
-      s.p->grad.space()->copy(h.gradient_copy.data(), h.gradient, bytes);
-      h.gradient = h.gradient_copy.data();
-    }
+    h.gradient = host_gradient(s, g, h.gradient_copy).data();
     return h;
+  }
+  // s's fp32 gradient g in host memory: g itself, or (fp32 at stage 0, where g is the
+  // parameter's gradient, in another memory space) a copy in `copy` (Workspace).
+  std::span<const float> host_gradient(Slot& s, std::span<const float> g, Buffer<float>& copy) {
+    if (mixed || stage_ != 0 || s.p->grad.on_host()) return g;
+    copy = Buffer<float>(g.size(), 0.0f, memory::CountingAllocator<float>(memory::Category::Workspace));
+    s.p->grad.copy_to_host(copy);
+    return copy;
   }
 
   // A background all-gather of one parameter's slices (stage 3).
