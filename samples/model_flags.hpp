@@ -31,6 +31,8 @@ class ModelFlags {
     option(app, "--rotary-base", &C::rope_theta, "RoPE theta");
     option(app, "--norm-epsilon", &C::norm_epsilon, "RMSNorm epsilon");
     option(app, "--init-method-std", &C::init_method_std, "std of the normal initialisation");
+    flag(app, "--use-flash-attn", &C::use_flash_attn,
+         "memory-efficient attention: keep each query's log-sum-exp for backward, not the [s, s] probabilities");
     app.add_flag("--untie-embeddings-and-output-weights", untie_, "separate output layer (default: tied)");
     option(app, "--num-experts", &C::num_experts, "routed experts per MoE layer (0: dense model)");
     option(app, "--moe-router-topk", &C::moe_router_topk, "experts per token");

@@ -75,9 +75,10 @@ void print_ledgers(const dsp::plan::TrainingPlan& plan, const dsp::plan::Trainin
               t.micro_batches, (long long)plan.micro_batch_size, (long long)plan.model.seq_length,
               (long long)plan.global_batch_size, (long long)plan.micro_batch_size, L.data,
               t.micro_batches);
-  std::printf("training: %s, ZeRO stage %d, recompute %s; bubble (p-1)/(v m+p-1) = %.1f %%\n",
+  std::printf("training: %s, ZeRO stage %d, recompute %s%s; bubble (p-1)/(v m+p-1) = %.1f %%\n",
               dsp::plan::to_string(plan.precision).c_str(), plan.zero_stage,
-              dsp::plan::to_string(plan.recompute.granularity).c_str(), 100.0 * t.bubble);
+              dsp::plan::to_string(plan.recompute.granularity).c_str(),
+              plan.model.use_flash_attn ? ", flash attention" : "", 100.0 * t.bubble);
   for (const auto& r : t.ranks)
     if (L.pipeline > 1 && (r.pipeline_rank == 0 || r.pipeline_rank == L.pipeline - 1))
       std::printf("  PP rank %d: %s; %.2f B parameters per rank; in flight: %d micro-batch(es)\n", r.pipeline_rank,

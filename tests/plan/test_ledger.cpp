@@ -94,47 +94,50 @@ TEST_CASE("predict_training at DP 4 follows the ZeRO formulas per rank, experts 
   CHECK(m.parameters == 2 * (n.dense + n.expert) + 4 * n.buffers);
 }
 
-TEST_CASE("training activations: ledger equals the bytes a real forward stashed (fp32 and bf16, dense and MoE)") {
+TEST_CASE("training activations: ledger equals the bytes a real forward stashed (fp32 and bf16, dense and MoE, flash attention)") {
   for (bool is_moe : {false, true})
     for (int tp : {1, 2, 4})
-      for (std::int64_t act_bytes : {4, 2}) {  // fp32; Bf16Mixed's 16-bit activations
-        CAPTURE(is_moe);
-        CAPTURE(tp);
-        CAPTURE(act_bytes);
-        const auto c = is_moe ? moe() : dense();
-        const plan::MicroBatch mb{2, c.seq_length};
-        const std::int64_t n = mb.tokens();
-        comm::launch(tp, [&](comm::ThreadComm& world) {
-          DeviceMesh mesh(world, ParallelLayout{.tensor = tp});
-          model::CausalLM<P> m(c, mesh, 42);
-          std::vector<std::int32_t> ids(static_cast<std::size_t>(n)), targets(ids.size());
-          for (std::int64_t i = 0; i < n; ++i) {
-            ids[std::size_t(i)] = std::int32_t((7 * i + 3) % c.vocab_size);
-            targets[std::size_t(i)] = std::int32_t((5 * i + 1) % c.vocab_size);
-          }
-          auto ctx = model::ForwardContext::for_training(mb.batch, mb.seq);
-          if (act_bytes == 2) ctx.activations = model::ActivationPrecision::Bf16;
-          model::CausalLM<P>::Activations act;
-          const std::int64_t before = memory::live_bytes();
-          m.forward(ctx, ids, targets, act);
-          const std::int64_t measured = memory::live_bytes() - before;
+      for (std::int64_t act_bytes : {4, 2})  // fp32; Bf16Mixed's 16-bit activations
+        for (bool flash : {false, true}) {   // the probabilities, or the fp32 log-sum-exp
+          CAPTURE(is_moe);
+          CAPTURE(tp);
+          CAPTURE(act_bytes);
+          CAPTURE(flash);
+          auto c = is_moe ? moe() : dense();
+          c.use_flash_attn = flash;
+          const plan::MicroBatch mb{2, c.seq_length};
+          const std::int64_t n = mb.tokens();
+          comm::launch(tp, [&](comm::ThreadComm& world) {
+            DeviceMesh mesh(world, ParallelLayout{.tensor = tp});
+            model::CausalLM<P> m(c, mesh, 42);
+            std::vector<std::int32_t> ids(static_cast<std::size_t>(n)), targets(ids.size());
+            for (std::int64_t i = 0; i < n; ++i) {
+              ids[std::size_t(i)] = std::int32_t((7 * i + 3) % c.vocab_size);
+              targets[std::size_t(i)] = std::int32_t((5 * i + 1) % c.vocab_size);
+            }
+            auto ctx = model::ForwardContext::for_training(mb.batch, mb.seq);
+            if (act_bytes == 2) ctx.activations = model::ActivationPrecision::Bf16;
+            model::CausalLM<P>::Activations act;
+            const std::int64_t before = memory::live_bytes();
+            m.forward(ctx, ids, targets, act);
+            const std::int64_t measured = memory::live_bytes() - before;
 
-          const auto predicted =
-              plan::dsp_stage_activation_bytes(c, tp, 1, pp::StageLayers::whole(c.num_layers), mb, act_bytes, {});
-          // Kept outside Tensor storage: positions, ids and targets int32 [n]; in an MoE layer
-          // the Routing (experts int32, weights fp32, kept u8 [n, k]; scores fp32 [n, E]), the
-          // DispatchPlan's int64 vectors and the experts' rows vectors. (RMSNorm's rstd and the
-          // loss's max and sum of exp are Tensors: measured.)
-          std::int64_t untracked = 3 * 4 * n;
-          for (std::int64_t l = 0; l < c.num_layers; ++l) {
-            if (!c.is_moe_layer(l)) continue;
-            const std::int64_t k = c.moe_router_topk, E = c.num_experts;
-            untracked += n * k * 9 + n * E * 4 + 8 * (n * k + E + 2 + E + E) + 8 * E + 8;
-          }
-          CHECK(predicted.kept - untracked == measured);
-          CHECK(predicted.recomputed == 0);
-        });
-      }
+            const auto predicted =
+                plan::dsp_stage_activation_bytes(c, tp, 1, pp::StageLayers::whole(c.num_layers), mb, act_bytes, {});
+            // Kept outside Tensor storage: positions, ids and targets int32 [n]; in an MoE layer
+            // the Routing (experts int32, weights fp32, kept u8 [n, k]; scores fp32 [n, E]), the
+            // DispatchPlan's int64 vectors and the experts' rows vectors. (RMSNorm's rstd and the
+            // loss's max and sum of exp are Tensors: measured.)
+            std::int64_t untracked = 3 * 4 * n;
+            for (std::int64_t l = 0; l < c.num_layers; ++l) {
+              if (!c.is_moe_layer(l)) continue;
+              const std::int64_t k = c.moe_router_topk, E = c.num_experts;
+              untracked += n * k * 9 + n * E * 4 + 8 * (n * k + E + 2 + E + E) + 8 * E + 8;
+            }
+            CHECK(predicted.kept - untracked == measured);
+            CHECK(predicted.recomputed == 0);
+          });
+        }
 }
 
 TEST_CASE("recomputation: selective drops the s^2 probabilities, full keeps the layer inputs") {
@@ -143,6 +146,11 @@ TEST_CASE("recomputation: selective drops the s^2 probabilities, full keeps the 
   const std::int64_t none = plan::dsp_layer_activation_bytes(c, 2, 1, 0, mb, 2);
   const std::int64_t selective = plan::dsp_layer_activation_bytes(c, 2, 1, 0, mb, 2, plan::RecomputeGranularity::Selective);
   CHECK(none - selective == 2 * mb.batch * (c.num_attention_heads / 2) * mb.seq * mb.seq);
+  auto flash = c;  // keeps the fp32 log-sum-exp [b, heads/t, s] instead, with any granularity
+  flash.use_flash_attn = true;
+  for (auto g : {plan::RecomputeGranularity::None, plan::RecomputeGranularity::Selective})
+    CHECK(plan::dsp_layer_activation_bytes(flash, 2, 1, 0, mb, 2, g) ==
+          selective + 4 * mb.batch * (c.num_attention_heads / 2) * mb.seq);
   const auto whole = pp::StageLayers{0, 3, false, false};
   const auto full = plan::dsp_stage_activation_bytes(c, 2, 1, whole, mb, 2, {plan::RecomputeGranularity::Full});
   CHECK(full.kept == 4 * mb.tokens() + 3 * mb.tokens() * c.hidden_size * 2);  // positions + 3 inputs

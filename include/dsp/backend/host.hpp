@@ -3,6 +3,7 @@
 #include "dsp/backend/host/cross_entropy.hpp"
 #include "dsp/backend/host/elementwise.hpp"
 #include "dsp/backend/host/embedding.hpp"
+#include "dsp/backend/host/flash_attention.hpp"
 #include "dsp/backend/host/gemm.hpp"
 #include "dsp/backend/host/host.hpp"
 #include "dsp/backend/host/rms_norm.hpp"

@@ -13,6 +13,7 @@
 #include "dsp/backend/attention.hpp"
 #include "dsp/backend/host/copy_columns.hpp"
 #include "dsp/backend/host/elementwise.hpp"
+#include "dsp/backend/host/flash_attention.hpp"
 #include "dsp/backend/host/rope.hpp"
 #include "dsp/model/config.hpp"
 #include "dsp/model/forward_context.hpp"
@@ -28,6 +29,8 @@ class Attention {
   using Comm = typename Policy::Comm;
   struct Saved {
     Tensor x, q, k, v, probs, context;
+    Tensor lse;  ///< --use-flash-attn: [batch, heads/tp, seq], and no probs
+    /// The activations (lse is an fp32 statistic).
     std::vector<Tensor*> tensors() { return {&x, &q, &k, &v, &probs, &context}; }
   };
 
@@ -39,6 +42,7 @@ class Attention {
         heads_(c.num_attention_heads / tp.size()),
         kv_heads_(c.num_query_groups >= tp.size() ? c.num_query_groups / tp.size() : 1),
         theta_(c.rope_theta),
+        flash_(c.use_flash_attn),
         qkv_(tp,
              ShardedTensor::qkv(prefix + ".qkv_proj.weight", c.hidden_size, c.num_attention_heads,
                                 c.num_query_groups, c.head_dim(),
@@ -51,7 +55,8 @@ class Attention {
   /// written at their positions and attention reads the whole cache (masked by position).
   /// saved keeps what backward needs: q, k, v, the context and (unless selective
   /// recomputation) the softmax probabilities [batch, heads/tp, seq, seq], each rounded to
-  /// ctx.activations (the softmax itself computes in fp32).
+  /// ctx.activations (the softmax itself computes in fp32); with use_flash_attn the fp32
+  /// log-sum-exp [batch, heads/tp, seq] instead of the probabilities, whatever the recomputation.
   Tensor forward(const ForwardContext& ctx, const Tensor& x, Saved* saved) {
     const std::int64_t n = ctx.tokens(), qw = heads_ * d_, kw = kv_heads_ * d_;
     const Tensor qkv = qkv_.forward(x);
@@ -65,7 +70,7 @@ class Attention {
     for (Tensor* t : {&q, &k, &v}) round_activations(ctx.activations, *t);
 
     Tensor context({n, qw});
-    Tensor probs;
+    Tensor probs, lse;
     if (ctx.cache) {
       Tensor& kc = ctx.cache->k(layer_);
       Tensor& vc = ctx.cache->v(layer_);
@@ -75,8 +80,16 @@ class Attention {
         copy(Backend{}, kw, k.data() + t * kw, kc.data() + row * kw);
         copy(Backend{}, kw, v.data() + t * kw, vc.data() + row * kw);
       }
-      attention_forward(Backend{}, q.data(), kc.data(), vc.data(), positions.data(), ctx.batch, ctx.seq, cap,
-                        heads_, kv_heads_, d_, context.data(), nullptr);
+      if (flash_)
+        flash_attention_forward(Backend{}, q.data(), kc.data(), vc.data(), positions.data(), ctx.batch, ctx.seq,
+                                cap, heads_, kv_heads_, d_, context.data(), nullptr);
+      else
+        attention_forward(Backend{}, q.data(), kc.data(), vc.data(), positions.data(), ctx.batch, ctx.seq, cap,
+                          heads_, kv_heads_, d_, context.data(), nullptr);
+    } else if (flash_) {
+      if (saved) lse = Tensor({ctx.batch, heads_, ctx.seq});
+      flash_attention_forward(Backend{}, q.data(), k.data(), v.data(), positions.data(), ctx.batch, ctx.seq,
+                              ctx.seq, heads_, kv_heads_, d_, context.data(), saved ? lse.data() : nullptr);
     } else {  // selective recomputation: the probabilities are recomputed in backward
       if (saved && !ctx.recompute.selective()) probs = Tensor({ctx.batch, heads_, ctx.seq, ctx.seq});
       attention_forward(Backend{}, q.data(), k.data(), v.data(), positions.data(), ctx.batch, ctx.seq, ctx.seq,
@@ -85,7 +98,8 @@ class Attention {
     }
     round_activations(ctx.activations, context);
     Tensor y = o_.forward(context);
-    if (saved) *saved = {x, std::move(q), std::move(k), std::move(v), std::move(probs), std::move(context)};
+    if (saved)
+      *saved = {x, std::move(q), std::move(k), std::move(v), std::move(probs), std::move(context), std::move(lse)};
     return y;
   }
 
@@ -94,18 +108,24 @@ class Attention {
     const std::int64_t n = ctx.tokens(), qw = heads_ * d_, kw = kv_heads_ * d_;
     const Tensor dcontext = o_.backward(s.context, dy);
     const SpaceArray<std::int32_t> positions(ctx.positions);
-    Tensor recomputed;  // the softmax probabilities when the forward did not keep them
-    if (s.probs.numel() == 0) {
-      recomputed = Tensor({ctx.batch, heads_, ctx.seq, ctx.seq});
-      Tensor context({n, qw});
-      attention_forward(Backend{}, s.q.data(), s.k.data(), s.v.data(), positions.data(), ctx.batch, ctx.seq,
-                        ctx.seq, heads_, kv_heads_, d_, context.data(), recomputed.data());
-      round_activations(ctx.activations, recomputed);  // as the forward would have kept them
-    }
-    const Tensor& probs = s.probs.numel() > 0 ? s.probs : recomputed;
     Tensor dq({n, qw}), dk({n, kw}), dv({n, kw});
-    attention_backward(Backend{}, s.q.data(), s.k.data(), s.v.data(), probs.data(), dcontext.data(), ctx.batch,
-                       ctx.seq, ctx.seq, heads_, kv_heads_, d_, dq.data(), dk.data(), dv.data());
+    if (flash_) {
+      flash_attention_backward(Backend{}, s.q.data(), s.k.data(), s.v.data(), s.context.data(), dcontext.data(),
+                               s.lse.data(), positions.data(), ctx.batch, ctx.seq, ctx.seq, heads_, kv_heads_, d_,
+                               dq.data(), dk.data(), dv.data());
+    } else {
+      Tensor recomputed;  // the softmax probabilities when the forward did not keep them
+      if (s.probs.numel() == 0) {
+        recomputed = Tensor({ctx.batch, heads_, ctx.seq, ctx.seq});
+        Tensor context({n, qw});
+        attention_forward(Backend{}, s.q.data(), s.k.data(), s.v.data(), positions.data(), ctx.batch, ctx.seq,
+                          ctx.seq, heads_, kv_heads_, d_, context.data(), recomputed.data());
+        round_activations(ctx.activations, recomputed);  // as the forward would have kept them
+      }
+      const Tensor& probs = s.probs.numel() > 0 ? s.probs : recomputed;
+      attention_backward(Backend{}, s.q.data(), s.k.data(), s.v.data(), probs.data(), dcontext.data(), ctx.batch,
+                         ctx.seq, ctx.seq, heads_, kv_heads_, d_, dq.data(), dk.data(), dv.data());
+    }
     rope_backward(Backend{}, dq.data(), positions.data(), n, heads_, d_, theta_, dq.data());
     rope_backward(Backend{}, dk.data(), positions.data(), n, kv_heads_, d_, theta_, dk.data());
     Tensor dqkv({n, qw + 2 * kw});
@@ -138,6 +158,7 @@ class Attention {
   int tp_size_;
   std::int64_t d_, heads_, kv_heads_;
   float theta_;
+  bool flash_;
   tp::ColumnParallelLinear<Policy> qkv_;
   tp::RowParallelLinear<Policy> o_;
 };

@@ -40,6 +40,13 @@ struct ModelConfig {
   float moe_router_topk_scaling_factor = 1.0f;  ///< --moe-router-topk-scaling-factor (routed_scaling_factor)
   bool moe_router_enable_expert_bias = false;  ///< --moe-router-enable-expert-bias (topk_method noaux_tc)
 
+  /// --use-flash-attn: attention keeps each query's log-sum-exp [batch, heads/tp, seq] for
+  /// backward instead of the probabilities [batch, heads/tp, seq, seq] and recomputes them
+  /// (backend flash_attention_forward/backward; FlashAttention, Dao et al. 2022). The same
+  /// function in a different summation order: results agree to ~1e-6 relative, not bitwise. A
+  /// choice of kernel, not of weights: not written to config.json.
+  bool use_flash_attn = false;
+
   std::int64_t head_dim() const { return hidden_size / num_attention_heads; }
 
   bool is_moe() const { return num_experts > 0; }

@@ -4,7 +4,8 @@
 // Large Transformer Models", section 4): keep less of the forward for backward and recompute it.
 //   selective: the attention core's softmax probabilities [batch, heads, seq, seq] and the
 //              SwiGLU activation [tokens, ffn] (dense and expert MLPs) are not kept; backward
-//              recomputes them from the kept q, k, v and gate/up projections.
+//              recomputes them from the kept q, k, v and gate/up projections. With
+//              --use-flash-attn no probabilities are kept anyway (model/config.hpp).
 //   full:      a group of decoder layers keeps only its input; backward re-runs the group's
 //              forward, then its backward. uniform: the stage's layers in consecutive groups of
 //              num_layers; block: each of the stage's first num_layers layers alone, the rest

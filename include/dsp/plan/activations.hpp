@@ -26,6 +26,9 @@
 //              (counted as workspace). method uniform: the stage's layers are split into
 //              groups of N and each group's input is kept; block: the first N layers of each
 //              stage are checkpointed one by one, the others keep everything.
+// --use-flash-attn (model/config.hpp) keeps each query's fp32 log-sum-exp [b, heads/t, s]
+// instead of the probabilities, with any granularity: the s^2 term is gone without recomputing
+// the rest of the attention core.
 // Measured: fp32 with every granularity (tests/plan/test_ledger_peak.cpp); the kept bytes of
 // fp32 and 16-bit forwards exactly (tests/plan/test_ledger.cpp). Selective recomputation's transient probabilities in
 // backward ([b, heads/t, s, s] per layer) are not in the workspace term yet.
@@ -90,9 +93,11 @@ inline std::int64_t dsp_layer_activation_bytes(const model::ModelConfig& c, int 
   const std::int64_t n = mb.tokens(), h = l.hidden, d = l.head_dim;
   // RMSNorm::Saved {x [n, h], rstd [n] fp32}, twice (input_layernorm, post_attention_layernorm).
   std::int64_t bytes = 2 * (n * h * act + n * 4);
-  // Attention::Saved {x [n, h], q [n, hq d], k, v [n, hkv d], probs [b, hq, s, s], context [n, hq d]}.
+  // Attention::Saved {x [n, h], q [n, hq d], k, v [n, hkv d], probs [b, hq, s, s] (flash: lse
+  // fp32 [b, hq, s] instead), context [n, hq d]}.
   bytes += act * (n * h + 2 * n * l.heads * d + 2 * n * l.kv_heads * d);
-  if (g == RecomputeGranularity::None) bytes += act * mb.batch * l.heads * mb.seq * mb.seq;
+  if (c.use_flash_attn) bytes += 4 * mb.batch * l.heads * mb.seq;
+  else if (g == RecomputeGranularity::None) bytes += act * mb.batch * l.heads * mb.seq * mb.seq;
   if (!c.is_moe_layer(layer)) return bytes + act * (n * h + 3 * n * l.ffn);  // MLP::Saved {x, gate_up [n, 2f/t], act [n, f/t]}
   // MoELayer::Saved: x [n, h]; Routing {experts int32 [n, k], weights fp32 [n, k], scores fp32
   // [n, E], kept u8 [n, k]}; DispatchPlan {order [A], expert_counts [E], send/recv_rows [ep],

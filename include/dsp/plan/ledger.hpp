@@ -137,7 +137,10 @@ inline std::int64_t layer_backward_workspace(const model::ModelConfig& c, int tp
                                              MicroBatch mb, std::int64_t act) {
   const LocalSizes l = LocalSizes::of(c, tp, ep);
   const std::int64_t n = mb.tokens(), h = l.hidden, d = l.head_dim;
-  const std::int64_t attn = n * (2 * (l.heads + 2 * l.kv_heads) * d + l.heads * d + h) + mb.seq * mb.seq;
+  // The materialising attention's backward holds a [s, s] scratch per head; flash's a
+  // [tile, s] one (backend/host/flash_attention.hpp), left out.
+  const std::int64_t attn = n * (2 * (l.heads + 2 * l.kv_heads) * d + l.heads * d + h) +
+                            (c.use_flash_attn ? 0 : mb.seq * mb.seq);
   std::int64_t ffn = n * (3 * l.ffn + h);
   if (c.is_moe_layer(layer)) {
     const std::int64_t A = n * c.moe_router_topk;
