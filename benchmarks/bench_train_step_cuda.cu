@@ -2,7 +2,8 @@
 // the step held against the memory ledger's prediction. Needs a CUDA device; without one the
 // case reports "no CUDA device" as its error.
 //
-// train_step_cuda/fp32: a 0.78B-parameter dense decoder (hidden 1536, 24 layers, 12 heads,
+// train_step_cuda/fp32 and train_step_cuda/fp32_flash (--use-flash-attn: the tiled attention
+// kernel, keeping the log-sum-exp instead of the probabilities): a 0.78B-parameter dense decoder (hidden 1536, 24 layers, 12 heads,
 // SwiGLU ffn 4096, vocabulary 32000 untied, sequence 2048) trained fp32 at TP1/PP1/DP1,
 // ZeRO 0, micro-batch 2, global batch 4 (two micro-batches per step), on the bytes of
 // data/tinyshakespeare.txt. Every tensor lives in device memory
@@ -39,13 +40,14 @@ model::ModelConfig bench_model() {
           .num_query_groups = 12, .ffn_hidden_size = 4096, .seq_length = 2048};
 }
 
-void BM_train_step_cuda(benchmark::State& state) {
+void BM_train_step_cuda(benchmark::State& state, bool flash) {
   std::string why;
   if (backend::device_count(&why) == 0) {
     state.SkipWithError(("no CUDA device: " + why).c_str());
     return;
   }
-  const model::ModelConfig config = bench_model();
+  model::ModelConfig config = bench_model();
+  config.use_flash_attn = flash;
   train::TrainConfig tc;
   tc.micro_batch_size = 2;
   tc.global_batch_size = 4;
@@ -88,5 +90,6 @@ void BM_train_step_cuda(benchmark::State& state) {
 
 }  // namespace
 
-BENCHMARK(BM_train_step_cuda)->Name("train_step_cuda/fp32")->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
+BENCHMARK_CAPTURE(BM_train_step_cuda, fp32, false)->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
+BENCHMARK_CAPTURE(BM_train_step_cuda, fp32_flash, true)->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
 BENCHMARK_MAIN();
