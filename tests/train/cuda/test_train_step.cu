@@ -40,10 +40,11 @@ struct Run {
 // Trains `steps` steps at TP x DP on Backend; the ranks share the calling process's current
 // device and communicate through StagingComm (a pass-through for host tensors).
 template <class Backend>
-Run train_run(int steps, int tp = 1, int dp = 1, double offload_ratio = 0.0) {
+Run train_run(int steps, int tp = 1, int dp = 1, double offload_ratio = 0.0, bool flash = false) {
   using Comm = comm::StagingComm<comm::ThreadComm>;
   using P = Policy<Backend, Comm>;
-  const auto config = test::small_model();
+  auto config = test::small_model();
+  config.use_flash_attn = flash;
   const auto& data = test::shakespeare(config.seq_length);
   train::TrainConfig tc = test::small_train_config(8, steps);
   tc.offload_ratio = offload_ratio;
@@ -121,6 +122,15 @@ TEST_CASE("optimizer offload on the GPU: half the state updated by the CPU equal
   CHECK(gpu.host_state_bytes > 0);  // the offloaded moments, in host memory ...
   CHECK(gpu.device_state_bytes > 0);  // ... and the rest on the device
   CHECK(gpu.host_state_bytes >= gpu.device_state_bytes);  // at least half offloaded
+  check_steps(gpu, host);
+  for (const auto& [name, want] : host.params) {
+    CAPTURE(name);
+    CHECK(test::relative_error(gpu.params.at(name), want) <= 1e-5);
+  }
+}
+
+TEST_CASE("--use-flash-attn: a training step with the tiled CUDA kernel equals the Host flash step within 1e-5") {
+  const Run host = train_run<backend::Host>(3, 1, 1, 0.0, true), gpu = train_run<backend::Cuda>(3, 1, 1, 0.0, true);
   check_steps(gpu, host);
   for (const auto& [name, want] : host.params) {
     CAPTURE(name);
