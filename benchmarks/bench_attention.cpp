@@ -14,13 +14,12 @@
 //   held_MB   bytes the forward keeps for backward (lse [b, h, s] or probs [b, h, s, s]) / 1e6
 #include <benchmark/benchmark.h>
 
-#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
-#include <string>
 #include <vector>
 
+#include "attention_cases.hpp"
 #include "dsp/backend/host.hpp"
 
 namespace {
@@ -65,33 +64,16 @@ void BM_attention(benchmark::State& state, bool flash, bool backward) {
     state.SetIterationTime(dt);
     seconds += dt;
   }
-  double worst = 0;
-  for (std::size_t i = 0; i < qn; ++i)
-    worst = std::max(worst, std::abs(double(out[i]) - other[i]) / std::max(1.0, std::abs(double(other[i]))));
-  const double flops = 2.0 * double(b * h) * double(s) * double(s) * double(d) * (backward ? 3.5 : 1.0);
+  const double flops = dsp::bench::attention_flops(b, h, s, d, backward);
   state.counters["GFLOPs"] = seconds > 0 ? flops * double(state.iterations()) / seconds / 1e9 : 0.0;
-  state.counters["max_rel_diff"] = worst;
+  state.counters["max_rel_diff"] = dsp::bench::max_rel_diff(out, other);
   state.counters["held_MB"] = double(flash ? b * h * s : b * h * s * s) * 4.0 / 1e6;
-}
-
-void register_all() {
-  for (bool flash : {true, false})
-    for (bool backward : {false, true}) {
-      const std::string name =
-          std::string("attention/") + (flash ? "flash" : "materialising") + (backward ? "/fwd_bwd" : "/fwd");
-      benchmark::RegisterBenchmark(name.c_str(), BM_attention, flash, backward)
-          ->ArgName("seq")
-          ->Arg(512)
-          ->Arg(2048)
-          ->UseManualTime()
-          ->Unit(benchmark::kMillisecond);
-    }
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  register_all();
+  dsp::bench::register_attention_cases("attention", BM_attention, {512, 2048});
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

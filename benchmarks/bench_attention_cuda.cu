@@ -19,11 +19,11 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "attention_cases.hpp"
 #include "dsp/backend/cuda.hpp"
 
 namespace {
@@ -97,35 +97,17 @@ void BM_attention(benchmark::State& state, bool flash, bool backward) {
     seconds += dt;
   }
   const auto got = dsp::backend::to_host(be, out.data(), qn), want = dsp::backend::to_host(be, other.data(), qn);
-  double worst = 0;
-  for (std::size_t i = 0; i < qn; ++i)
-    worst = std::max(worst, std::abs(double(got[i]) - want[i]) / std::max(1.0, std::abs(double(want[i]))));
-  const double forward_flops = 2.0 * double(b * h) * double(s) * double(s) * double(d);
-  const double flops = forward_flops * (backward ? 3.5 : 1.0);
+  const double flops = dsp::bench::attention_flops(b, h, s, d, backward);
   state.counters["TFLOPs"] = seconds > 0 ? flops * double(state.iterations()) / seconds / 1e12 : 0.0;
-  state.counters["max_rel_diff"] = worst;
+  state.counters["max_rel_diff"] = dsp::bench::max_rel_diff(got, want);
   state.counters["held_MB"] = double(flash ? lse.size() : probs.size()) * 4.0 / 1e6;
   state.counters["batch"] = batch;
-}
-
-void register_all() {
-  for (bool flash : {true, false})
-    for (bool backward : {false, true}) {
-      const std::string name = std::string("attention_cuda/") + (flash ? "flash" : "materialising") +
-                               (backward ? "/fwd_bwd" : "/fwd");
-      benchmark::RegisterBenchmark(name.c_str(), BM_attention, flash, backward)
-          ->ArgName("seq")
-          ->Arg(2048)
-          ->Arg(8192)
-          ->UseManualTime()
-          ->Unit(benchmark::kMillisecond);
-    }
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  register_all();
+  dsp::bench::register_attention_cases("attention_cuda", BM_attention, {2048, 8192});
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
