@@ -146,7 +146,7 @@ for b in runs:
     if b.get("error_occurred"):
         print(f"| {b['name']} | error: {b['error_message']} | | | |")
         continue
-    print(f"| {b['name']} | {b['real_time']:.2f} | {b['TFLOPs']:.1f} | {b['max_rel_diff']:.1e} | {b['held_MB']:.0f} |")
+    print(f"| {b['name']} | {b['real_time']:.2f} | {b['TFLOPs']:.1f} | {b['max_rel_diff']:.1e} | {b['held_MB']:.2f} |")
 PY
 
 echo "=== gpu-check: fp32 training step"

@@ -170,8 +170,10 @@ TEST_CASE("generator: the memory-efficient attention serves the materialising on
     CHECK(s.greedy == ref.greedy);
     CHECK(s.sampled == ref.sampled);
     // At TP1 bitwise: a prompt of <= 48 tokens is one query tile, whose GEMMs and softmax are
-    // the materialising op's; decoding reads only the visible keys, not the whole cache.
-    CHECK(serve::max_abs_logit_diff(s.logits, ref.logits) <= kTolerance);
+    // the materialising op's. At TP2 the split GEMMs and the all-reduce differ (3.6e-6 seen).
+    const double diff = serve::max_abs_logit_diff(s.logits, ref.logits);
+    if (tp == 1) CHECK(diff == 0.0);
+    CHECK(diff <= kTolerance);
   }
 }
 

@@ -137,8 +137,8 @@ inline std::int64_t layer_backward_workspace(const model::ModelConfig& c, int tp
                                              MicroBatch mb, std::int64_t act) {
   const LocalSizes l = LocalSizes::of(c, tp, ep);
   const std::int64_t n = mb.tokens(), h = l.hidden, d = l.head_dim;
-  // The materialising attention's backward holds a [s, s] scratch per head; flash's a
-  // [tile, s] one (backend/host/flash_attention.hpp), left out.
+  // The materialising attention's backward holds a [s, s] scratch per head; flash's two
+  // [64, s] fp32 tiles on the host (and a [b, h/t, s] D on CUDA), small enough to leave out.
   const std::int64_t attn = n * (2 * (l.heads + 2 * l.kv_heads) * d + l.heads * d + h) +
                             (c.use_flash_attn ? 0 : mb.seq * mb.seq);
   std::int64_t ffn = n * (3 * l.ffn + h);
@@ -251,7 +251,8 @@ inline MemoryLedger predict_serving(const ServingPlan& plan) {
   m.activations = kv_cache_bytes(c, plan.tensor, plan.batch, plan.tokens(), plan.dtype_bytes);
   const LocalSizes l = LocalSizes::of(c, plan.tensor, 1);
   const std::int64_t n = plan.batch * plan.tokens(), h = l.hidden, d = l.head_dim;
-  const std::int64_t attn = n * (2 * (l.heads + 2 * l.kv_heads) * d + l.heads * d) + plan.tokens() * plan.tokens();
+  const std::int64_t attn = n * (2 * (l.heads + 2 * l.kv_heads) * d + l.heads * d) +
+                            (c.use_flash_attn ? 0 : plan.tokens() * plan.tokens());  // the [s, s] score scratch
   const std::int64_t ffn = c.is_moe() ? n * (c.moe_router_topk * (2 * h + 3 * l.moe_ffn) + 3 * l.shared_ffn + c.num_experts)
                                       : 3 * n * l.ffn;
   m.workspace = plan.dtype_bytes * std::max(n * l.vocab_padded, 3 * n * h + std::max(attn, ffn));

@@ -185,6 +185,23 @@ TEST_CASE("flash attention at head_dim 128 (over 48 KiB of shared memory per blo
   check_against_host(s, consecutive_positions(s, 0));
 }
 
+TEST_CASE("flash attention at head_dim 256 with one kv head, and multi-head at 64, out-of-order positions") {
+  // head_dim 256: the 8-column register accumulators and 96.4 / 128.5 KiB of shared memory (sm_80
+  // and sm_90 allow it; a device that does not throws Error naming head_dim). Positions follow
+  // no order within a tile (a row may see more or fewer keys than the row before it).
+  const auto shuffled = [](const Shape& s, std::uint32_t seed) {
+    std::vector<std::int32_t> p(std::size_t(s.batch * s.q_len));
+    for (auto& x : p) {
+      seed = seed * 1664525u + 1013904223u;
+      x = std::int32_t(seed >> 8) % std::int32_t(s.kv_len + 4) - 2;  // [-2, kv_len + 1]
+    }
+    return p;
+  };
+  const Shape gqa1{1, 70, 70, 4, 1, 256}, mha{2, 40, 70, 4, 4, 64};
+  check_against_host(gqa1, shuffled(gqa1, 5));
+  check_against_host(mha, shuffled(mha, 6));
+}
+
 TEST_CASE("flash attention throws Error for a bad shape before launching") {
   const Cuda b{};
   // q_heads not a multiple of kv_heads; head_dim past the kernels' 256. The pointers are never used.

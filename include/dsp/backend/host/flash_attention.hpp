@@ -8,7 +8,8 @@
 //
 // The host works one tile of kQueryTile query rows at a time against the keys the tile can see
 // (up to its last visible key, so the causal upper triangle past that is never computed), with
-// BLAS GEMMs on the tile; scratch is two [kQueryTile, kv_len] buffers. The CUDA op
+// BLAS GEMMs on the tile; scratch is one [min(kQueryTile, q_len), kv_len] buffer in the
+// forward, two in the backward. The CUDA op
 // (backend/cuda/flash_attention.cuh) tiles the keys as well.
 //
 // Shapes and mask as backend/attention.hpp: q, out, dout, dq [batch, q_len, q_heads, head_dim];
@@ -79,7 +80,7 @@ inline void flash_attention_forward(Host h, const float* q, const float* k, cons
   detail::check_attention_shape(q_heads, kv_heads, head_dim);
   const std::int64_t group = q_heads / kv_heads, ldq = q_heads * head_dim, ldk = kv_heads * head_dim;
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-  auto s = scratch(h, detail::kQueryTile * kv_len);
+  auto s = scratch(h, std::min(detail::kQueryTile, q_len) * kv_len);
   for (std::int64_t b = 0; b < batch; ++b) {
     const std::int32_t* pos = q_positions + b * q_len;
     for (std::int64_t hd = 0; hd < q_heads; ++hd) {
@@ -123,8 +124,8 @@ inline void flash_attention_backward(Host h, const float* q, const float* k, con
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   fill(h, batch * kv_len * ldk, 0.0f, dk);
   fill(h, batch * kv_len * ldk, 0.0f, dv);
-  auto p = scratch(h, detail::kQueryTile * kv_len);
-  auto ds = scratch(h, detail::kQueryTile * kv_len);
+  auto p = scratch(h, std::min(detail::kQueryTile, q_len) * kv_len);
+  auto ds = scratch(h, std::min(detail::kQueryTile, q_len) * kv_len);
   for (std::int64_t b = 0; b < batch; ++b) {
     const std::int32_t* pos = q_positions + b * q_len;
     for (std::int64_t hd = 0; hd < q_heads; ++hd) {
