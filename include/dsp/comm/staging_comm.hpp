@@ -39,9 +39,8 @@ class StagingComm {
   /// The inner communicator's operations with the same contracts (who calls, which ranks hold
   /// the result, what blocks); spans may be in the current memory space. Staged, a blocking
   /// form is the asynchronous one waited on. The asynchronous forms copy the results back when
-  /// the Work completes: in wait(), on the waiting thread, or
-  /// in the first completed() that finds the inner operation done (so that completed() may then
-  /// wait for the space's copy). A staged operation's host buffers live until it completes, even
+  /// the Work completes: in wait(), on the waiting thread, or in the first completed() that
+  /// finds the inner operation done (so that completed() may then wait for the space's copy). A staged operation's host buffers live until it completes, even
   /// when its Work is dropped first. The inner communicator sees disjoint host buffers, so its
   /// checks of overlapping arguments do not apply.
   template <class T>

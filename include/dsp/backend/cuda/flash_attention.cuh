@@ -109,6 +109,29 @@ __device__ __forceinline__ void flash_load_tile(float* dst, const float* src, st
   }
 }
 
+/// acc[rr][c] += sum_j w_j[rr] * tile[j][lane + 32 c] over the first min(keys, 32) tile rows j,
+/// where w_j[rr] is what lane j of the warp holds in w[rr]: the forward's O += P V and the dQ
+/// kernel's dQ += dS K, each lane weighting its own key.
+template <int R, int Chunks>
+__device__ __forceinline__ void flash_accumulate(float (&acc)[R][Chunks], const float (&w)[R], const float* tile,
+                                                 std::int64_t keys, int lane, int stride, int head_dim) {
+  const int n = static_cast<int>(keys < kFlashTile ? keys : kFlashTile);
+  for (int j = 0; j < n; ++j) {
+    float wj[R];
+#pragma unroll
+    for (int rr = 0; rr < R; ++rr) wj[rr] = __shfl_sync(0xffffffffu, w[rr], j);
+#pragma unroll
+    for (int c = 0; c < Chunks; ++c) {
+      const int col = lane + 32 * c;
+      if (col < head_dim) {
+        const float t = tile[j * stride + col];
+#pragma unroll
+        for (int rr = 0; rr < R; ++rr) acc[rr][c] += wj[rr] * t;
+      }
+    }
+  }
+}
+
 /// Forward (FlashAttention-2 algorithm 1). Block (query tile blockIdx.x, q head blockIdx.y,
 /// batch blockIdx.z), kFlashQueryThreads threads; warp w owns tile rows w * 8 .. w * 8 + 7, lane
 /// j the key j0 + j of the current key tile for the scores and the columns lane + 32 c of O.
@@ -177,21 +200,7 @@ __global__ void __launch_bounds__(kFlashQueryThreads)
       s[rr] = p;
     }
     // O += P V over the tile's keys (past tile_keys every p is 0).
-    const int keys = static_cast<int>(tile_keys - j0 < kFlashTile ? tile_keys - j0 : kFlashTile);
-    for (int j = 0; j < keys; ++j) {
-      float pj[R];
-#pragma unroll
-      for (int rr = 0; rr < R; ++rr) pj[rr] = __shfl_sync(0xffffffffu, s[rr], j);
-#pragma unroll
-      for (int c = 0; c < Chunks; ++c) {
-        const int col = lane + 32 * c;
-        if (col < head_dim) {
-          const float vj = vs[j * stride + col];
-#pragma unroll
-          for (int rr = 0; rr < R; ++rr) o[rr][c] += pj[rr] * vj;
-        }
-      }
-    }
+    flash_accumulate(o, s, vs, tile_keys - j0, lane, stride, head_dim);
   }
 
 #pragma unroll
@@ -297,21 +306,7 @@ __global__ void __launch_bounds__(kFlashQueryThreads)
       const float p = seen ? expf(s[rr] * scale - row_lse[rr]) : 0.0f;
       ds[rr] = p * (dp[rr] - row_d[rr]);
     }
-    const int keys = static_cast<int>(tile_keys - j0 < kFlashTile ? tile_keys - j0 : kFlashTile);
-    for (int j = 0; j < keys; ++j) {
-      float dsj[R];
-#pragma unroll
-      for (int rr = 0; rr < R; ++rr) dsj[rr] = __shfl_sync(0xffffffffu, ds[rr], j);
-#pragma unroll
-      for (int c = 0; c < Chunks; ++c) {
-        const int col = lane + 32 * c;
-        if (col < head_dim) {
-          const float kj = ks[j * stride + col];
-#pragma unroll
-          for (int rr = 0; rr < R; ++rr) acc[rr][c] += dsj[rr] * kj;
-        }
-      }
-    }
+    flash_accumulate(acc, ds, ks, tile_keys - j0, lane, stride, head_dim);  // dQ += dS K
   }
 
 #pragma unroll

@@ -9,8 +9,8 @@
 // The host works one tile of kQueryTile query rows at a time against the keys the tile can see
 // (up to its last visible key, so the causal upper triangle past that is never computed), with
 // BLAS GEMMs on the tile; scratch is one [min(kQueryTile, q_len), kv_len] buffer in the
-// forward, two in the backward. The CUDA op
-// (backend/cuda/flash_attention.cuh) tiles the keys as well.
+// forward, two in the backward. The CUDA op (backend/cuda/flash_attention.cuh) tiles the keys
+// as well.
 //
 // Shapes and mask as backend/attention.hpp: q, out, dout, dq [batch, q_len, q_heads, head_dim];
 // k, v, dk, dv [batch, kv_len, kv_heads, head_dim]; lse [batch, q_heads, q_len] fp32;
