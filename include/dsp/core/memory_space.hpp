@@ -21,7 +21,8 @@
 namespace dsp {
 
 /// A kind of memory tensors can live in, other than ordinary host memory. Implementations
-/// count what they allocate in their own counters under the category given. A space must
+/// count what they allocate in their own counters under the category given (a pinned host
+/// space, being host memory, in the host counters). A space must
 /// outlive its tensors, including those a failing rank keeps for in-flight communication until
 /// process exit (comm::detail::keep_until_exit).
 class MemorySpace {
@@ -39,6 +40,20 @@ class MemorySpace {
   virtual void copy(void* dst, const void* src, std::size_t bytes) = 0;
   /// Sets `bytes` at p (this space's memory) to zero.
   virtual void zero(void* p, std::size_t bytes) = 0;
+
+  /// The space of host memory this space copies to and from asynchronously (page-locked memory
+  /// for CUDA: cudaHostAlloc), or null when it has none and ordinary host memory serves. Its
+  /// memory is host-addressable: host code (the CPU optimizer of ZeRO-Offload) may use its
+  /// raw pointers, though Tensor's host accessors refuse it as any space's. Never destroyed
+  /// before this space.
+  virtual MemorySpace* pinned_host() { return nullptr; }
+  /// Enqueues a copy of `bytes` from src to dst, each this space's memory or pinned_host()'s,
+  /// ordered with the space's other work; host code may read (or reuse) the host side only
+  /// after synchronize(). Default: copy(), which completes at once.
+  virtual void copy_async(void* dst, const void* src, std::size_t bytes) { copy(dst, src, bytes); }
+  /// Waits until everything enqueued on the space so far (copies, and for CUDA the stream's
+  /// ops) has completed. Default: nothing to wait for.
+  virtual void synchronize() {}
 };
 
 namespace detail {

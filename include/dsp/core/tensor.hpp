@@ -58,6 +58,9 @@ class Tensor {
       data_ = Storage(static_cast<std::size_t>(dsp::numel(shape_)), 0.0f, memory::CountingAllocator<float>(category));
     }
   }
+  /// Zeros in host memory whatever memory space is current, counted in the current category:
+  /// for host code (checkpoint readers, shard arithmetic) that runs inside a device's scope.
+  static Tensor host_zeros(Shape shape) { return Tensor(std::move(shape), memory::current_category(), nullptr); }
   /// Host values. Throws Error when the values do not fill the shape.
   Tensor(Shape shape, const std::vector<float>& values) : Tensor(std::move(shape), Storage(values.begin(), values.end())) {}
   Tensor(Shape shape, std::initializer_list<float> values) : Tensor(std::move(shape), Storage(values)) {}

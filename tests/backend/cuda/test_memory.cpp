@@ -1,12 +1,16 @@
 // DeviceBuffer: stream-ordered allocation counted per category in the device counters (and
-// never in the host ones), round trips, a failed allocation, and event timing.
+// never in the host ones), round trips, a failed allocation, and event timing. The pinned host
+// space of the CUDA memory space (what ZeRO-Offload's state lives in).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <numeric>
 #include <vector>
 
 #include "dsp/backend/cuda/memory.hpp"
+#include "dsp/backend/cuda/memory_space.hpp"
+#include "dsp/core/space_buffer.hpp"
 #include "dsp/backend/cuda/stream.hpp"
 
 using dsp::backend::Cuda;
@@ -71,4 +75,29 @@ TEST_CASE("an event orders a second stream after the first and times the work be
   CHECK(back == v);
   stop.synchronize();
   CHECK(stop.elapsed_ms(start) >= 0.0f);
+}
+
+TEST_CASE("pinned host memory: one space behind every device space, counted in the host counters, async copies") {
+  const Cuda b{};
+  dsp::MemorySpace* device = dsp::backend::memory_space(b);
+  dsp::MemorySpace* pinned = device->pinned_host();
+  REQUIRE(pinned != nullptr);
+  Stream other;
+  CHECK(dsp::backend::memory_space(other.backend())->pinned_host() == pinned);
+  const auto before = dsp::memory::snapshot();
+  const auto device_before = dsp::memory::device_snapshot();
+  {
+    dsp::SpaceBuffer<float> host(1000, Category::OptimizerState, pinned), back(1000, Category::Gradients, pinned);
+    CHECK(dsp::memory::snapshot()[Category::OptimizerState].live - before[Category::OptimizerState].live == 4000);
+    CHECK(dsp::memory::snapshot()[Category::Gradients].live - before[Category::Gradients].live == 4000);
+    CHECK(dsp::memory::device_snapshot().total.live == device_before.total.live);  // not device memory
+    CHECK(std::all_of(back.data(), back.data() + 1000, [](float x) { return x == 0.0f; }));  // zeroed
+    std::iota(host.data(), host.data() + 1000, 1.0f);  // host-addressable
+    dsp::SpaceBuffer<float> on_device(1000, Category::Workspace, device);
+    device->copy_async(on_device.data(), host.data(), 4000);
+    device->copy_async(back.data(), on_device.data(), 4000);
+    device->synchronize();
+    CHECK(std::equal(host.data(), host.data() + 1000, back.data()));
+  }
+  CHECK(dsp::memory::snapshot().total.live == before.total.live);
 }

@@ -40,6 +40,15 @@ inline void reset_device_peak() { detail::reset_peak(detail::device_counters());
 
 namespace dsp::backend {
 
+/// Whether p is device (or managed) memory, where kernels and NCCL may read it; host memory,
+/// pageable (cudaMemoryTypeUnregistered) or pinned (cudaMemoryTypeHost), and null are not.
+inline bool device_pointer(const void* p) {
+  if (!p) return false;
+  cudaPointerAttributes a{};
+  DSP_CUDA_CHECK(cudaPointerGetAttributes(&a, p));
+  return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+}
+
 namespace detail {
 /// `bytes` of device memory allocated on `stream` (null for 0 bytes), counted in the calling
 /// thread's device counters under `category`; throws CudaError naming the bytes when the pool

@@ -15,12 +15,47 @@
 
 namespace dsp::backend {
 
+/// Page-locked host memory (cudaHostAlloc, portable: usable with every device), which devices
+/// copy to and from asynchronously at full PCIe / NVLink-C2C speed: where ZeRO-Offload keeps
+/// the optimizer state the CPU updates. Counted in the allocating thread's host counters
+/// (core/memory.hpp) under the category given, like ordinary host memory (not in its own
+/// counters). Its copy() is between host and pinned memory only (a memcpy); copies to and from
+/// a device go through the device's space (copy, copy_async), which orders them on its stream.
+class CudaPinnedHostSpace final : public MemorySpace {
+ public:
+  std::string_view name() const override { return "cuda pinned host"; }
+  void* allocate(std::size_t bytes, memory::Category category) override {
+    if (bytes == 0) return nullptr;
+    void* p = nullptr;
+    DSP_CUDA_CHECK(cudaHostAlloc(&p, bytes, cudaHostAllocPortable));
+    std::memset(p, 0, bytes);
+    memory::detail::add(memory::detail::thread_state().counters, category, static_cast<std::int64_t>(bytes));
+    return p;
+  }
+  void deallocate(void* p, std::size_t bytes, memory::Category category) noexcept override {
+    if (!p) return;
+    DSP_CUDA_CHECK_NOTHROW(cudaFreeHost(p));
+    memory::detail::add(memory::detail::thread_state().counters, category, -static_cast<std::int64_t>(bytes));
+  }
+  void copy(void* dst, const void* src, std::size_t bytes) override {
+    if (bytes == 0) return;
+    DSP_CHECK(!device_pointer(dst) && !device_pointer(src),
+              "cuda pinned host: copies to or from device memory go through the device's memory space");
+    std::memcpy(dst, src, bytes);
+  }
+  void zero(void* p, std::size_t bytes) override {
+    if (bytes) std::memset(p, 0, bytes);
+  }
+};
+
 /// Device memory of one device, ordered on one of its streams: allocation,
 /// zeroing and copies are enqueued there, so ops enqueued on the same stream (the backend's)
 /// may use a tensor at once. A copy to or from host memory waits for the stream before it
-/// returns (host code reads what it copied out; pageable host memory is not pinned); one
-/// between two device buffers is only enqueued; one between two host buffers is a memcpy. Every
-/// call works on the space's own device whichever is current (and restores that one).
+/// returns (host code reads what it copied out); one between two device buffers is only
+/// enqueued; one between two host buffers is a memcpy. copy_async to or from pinned_host()
+/// memory (CudaPinnedHostSpace, shared by every device) is only enqueued; synchronize() waits
+/// for the stream. Every call works on the space's own device whichever is current (and
+/// restores that one).
 class CudaMemorySpace final : public MemorySpace {
  public:
   /// Memory of `device` ordered on b.stream (a stream of that device).
@@ -47,7 +82,7 @@ class CudaMemorySpace final : public MemorySpace {
   }
   void copy(void* dst, const void* src, std::size_t bytes) override {
     if (bytes == 0) return;
-    const bool dst_device = on_device(dst), src_device = on_device(src);
+    const bool dst_device = device_pointer(dst), src_device = device_pointer(src);
     if (!dst_device && !src_device) {  // host to host (StagingComm's host payloads)
       std::memcpy(dst, src, bytes);
       return;
@@ -59,6 +94,19 @@ class CudaMemorySpace final : public MemorySpace {
   void zero(void* p, std::size_t bytes) override {
     const OnDevice on(device_);
     if (bytes) DSP_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream_));
+  }
+  MemorySpace* pinned_host() override {
+    static auto* pinned = new CudaPinnedHostSpace;  // never destroyed: outlives every device space
+    return pinned;
+  }
+  void copy_async(void* dst, const void* src, std::size_t bytes) override {
+    if (bytes == 0) return;
+    const OnDevice on(device_);
+    DSP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_));
+  }
+  void synchronize() override {
+    const OnDevice on(device_);
+    DSP_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
   Cuda backend() const { return Cuda{stream_}; }
   int device() const { return device_; }
@@ -83,12 +131,6 @@ class CudaMemorySpace final : public MemorySpace {
     int previous_ = 0;
     bool switched_ = false;
   };
-  // Whether p is device (or managed) memory; pageable host memory is cudaMemoryTypeUnregistered.
-  static bool on_device(const void* p) {
-    cudaPointerAttributes a{};
-    DSP_CUDA_CHECK(cudaPointerGetAttributes(&a, p));
-    return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
-  }
 
   cudaStream_t stream_;
   int device_;
