@@ -5,11 +5,13 @@
 // bitwise: the same host ops run on the same values, only the allocation differs.
 #include <doctest/doctest.h>
 
+#include <filesystem>
 #include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 
@@ -17,7 +19,9 @@
 #include "dsp/comm/launch.hpp"
 #include "dsp/comm/staging_comm.hpp"
 #include "dsp/policy.hpp"
+#include "dsp/train/checkpointing.hpp"
 #include "dsp/train/trainer.hpp"
+#include "../checkpoint/fixture.hpp"
 #include "../guarded_space.hpp"
 #include "small_model.hpp"
 #include "small_train_config.hpp"
@@ -33,6 +37,8 @@ struct Run {
   std::map<std::string, std::vector<float>> params;  // the last rank's shards, copied to the host
   std::int64_t space_allocations = 0;
   std::int64_t host_moment_bytes = 0, space_moment_bytes = 0;  // OptimizerState, after the steps
+  std::int64_t pinned_moment_bytes = 0, pinned_bytes = 0;        // in the pinned space: OptimizerState, all
+  std::int64_t host_communication_peak = 0, space_communication_peak = 0;  // bytes: buckets' payloads, gathers
   bool every_parameter_in_space = true;
 };
 
@@ -45,12 +51,25 @@ void keep_until_exit(std::unique_ptr<test::GuardedSpace> space) {
   kept->push_back(std::move(space));
 }
 
+// A GuardedSpace with a guarded pinned host space (what ZeRO-Offload's state goes to).
+struct Spaces {
+  std::unique_ptr<test::GuardedSpace> pinned = std::make_unique<test::GuardedSpace>();
+  std::unique_ptr<test::GuardedSpace> device = [this] {
+    auto d = std::make_unique<test::GuardedSpace>();
+    d->pinned = pinned.get();
+    return d;
+  }();
+};
+
 // Trains `steps` steps at TP x PP x DP (ZeRO `zero_stage`), every tensor in a GuardedSpace
 // when `guarded`; the ranks' communicator is Comm (ThreadComm, or StagingComm over it, which
-// copies tensors of the space to host buffers around every operation).
+// copies tensors of the space to host buffers around every operation). With a `checkpoint`
+// directory it saves there after `checkpoint_after` steps and goes on with a new trainer that
+// loaded it.
 template <class Comm = comm::ThreadComm>
 Run train_run(bool guarded, int tp, int pp, int dp, int steps, int zero_stage = 0, bool loss_scaling = false,
-              double offload_ratio = 0.0) {
+              double offload_ratio = 0.0, dp::GradReduceDType grad_reduce_dtype = dp::GradReduceDType::Fp32,
+              const std::filesystem::path& checkpoint = {}, int checkpoint_after = 0) {
   using P = Policy<backend::Host, Comm>;
   const auto config = test::small_model();
   const auto& data = test::shakespeare(config.seq_length);
@@ -58,49 +77,65 @@ Run train_run(bool guarded, int tp, int pp, int dp, int steps, int zero_stage = 
   tc.zero_stage = zero_stage;
   if (loss_scaling) tc.loss_scaler.emplace();  // dynamic; an infinity is injected at step 2 (below)
   tc.offload_ratio = offload_ratio;
+  tc.ddp.grad_reduce_dtype = grad_reduce_dtype;
   Run out;
   std::mutex mu;
   comm::launch(tp * pp * dp, [&](comm::ThreadComm& world) {
     // A failing rank keeps its optimizer's tensors until process exit, freed through their
     // space then: on that path the space must outlive the run.
-    auto space = std::make_unique<test::GuardedSpace>();
+    Spaces spaces;
+    test::GuardedSpace* space = spaces.device.get();
     try {
-      MemorySpaceScope scope(guarded ? space.get() : nullptr);
+      MemorySpaceScope scope(guarded ? space : nullptr);
       Comm rank_comm = [&] {
         if constexpr (std::is_same_v<Comm, comm::ThreadComm>) return world.split(0, world.rank());
         else return Comm(world.split(0, world.rank()));
       }();
       DeviceMesh mesh(rank_comm, ParallelLayout{.tensor = tp, .pipeline = pp, .data = dp});
-      train::Trainer<P> trainer(config, tc, mesh, data);
+      auto trainer_ptr = std::make_unique<train::Trainer<P>>(config, tc, mesh, data);
       Run r;
       int step = 0;
       if (loss_scaling)  // the test writes the gradient's memory directly: GuardedSpace is host memory underneath
-        trainer.set_grad_hook([&](train::Trainer<P>& t) {
+        trainer_ptr->set_grad_hook([&](train::Trainer<P>& t) {
           if (step == 1) t.optimizer().gradient(0)[0] = std::numeric_limits<float>::infinity();
         });
       for (int s = 0; s < steps; ++s, ++step) {
-        const auto step = trainer.train_step();
+        if (!checkpoint.empty() && s == checkpoint_after) {  // save, then resume in a new trainer
+          train::save_checkpoint(checkpoint, *trainer_ptr);
+          trainer_ptr = std::make_unique<train::Trainer<P>>(config, tc, mesh, data);
+          train::load_checkpoint(checkpoint, *trainer_ptr);
+        }
+        const auto step = trainer_ptr->train_step();
         r.losses.push_back(step.loss);
         r.grad_norms.push_back(step.skipped ? -1.0 : step.grad_norm);  // a skipped step's norm is NaN
         r.skipped += step.skipped ? 1 : 0;
       }
+      auto& trainer = *trainer_ptr;
       r.validation_loss = trainer.evaluate();  // forward only, stage after stage
+      trainer.optimizer().gather_for_checkpoint();  // ZeRO stage 3: the whole parameters, all-gathered
       for (auto* p : trainer.parameters()) {
         const Tensor host = p->value.to_host();
         r.params[p->spec.name].assign(host.values().begin(), host.values().end());
         r.every_parameter_in_space =
-            r.every_parameter_in_space && p->value.space() == (guarded ? space.get() : nullptr);
+            r.every_parameter_in_space && p->value.space() == (guarded ? space : nullptr);
       }
+      trainer.optimizer().partition_after_checkpoint(false);
       r.space_allocations = space->allocations;
       r.host_moment_bytes = memory::snapshot()[memory::Category::OptimizerState].live;
       r.space_moment_bytes = space->counters[memory::Category::OptimizerState].live;
+      r.pinned_moment_bytes = spaces.pinned->counters[memory::Category::OptimizerState].live;
+      r.pinned_bytes = spaces.pinned->counters.total.live;
+      r.host_communication_peak = memory::snapshot()[memory::Category::Communication].peak;
+      r.space_communication_peak = space->counters[memory::Category::Communication].peak;
       std::lock_guard lk(mu);
       if (world.rank() == world.size() - 1) out = std::move(r);  // the last stage reports the loss
     } catch (...) {
-      keep_until_exit(std::move(space));
+      keep_until_exit(std::move(spaces.device));
+      keep_until_exit(std::move(spaces.pinned));
       throw;
     }
-    CHECK(space->counters.total.live == 0);  // every tensor of the space was freed through it
+    CHECK(space->counters.total.live == 0);  // every tensor of the spaces was freed through them
+    CHECK(spaces.pinned->counters.total.live == 0);
   });
   return out;
 }
@@ -132,19 +167,24 @@ TEST_CASE("the same with dynamic loss scaling: the overflow check copies gradien
   CHECK(guarded.params == host.params);
 }
 
-TEST_CASE("optimizer offload: half the state in host memory, updated by the CPU, bitwise the run without offload") {
+TEST_CASE("optimizer offload: half the state in pinned host memory, updated by the CPU, bitwise the run without offload") {
   const Run host = train_run(false, 1, 1, 1, 3), offloaded = train_run(true, 1, 1, 1, 3, 0, false, 0.5);
   CHECK(offloaded.losses == host.losses);
   CHECK(offloaded.grad_norms == host.grad_norms);
   CHECK(offloaded.params == host.params);
   // The moments (2 x 4 bytes per element) split at the first parameter past half the elements:
-  // at least half on the host, and the rest in the space.
-  const std::int64_t total = offloaded.host_moment_bytes + offloaded.space_moment_bytes;
+  // at least half in the space's pinned host memory, and the rest in the space.
+  const std::int64_t total = offloaded.pinned_moment_bytes + offloaded.space_moment_bytes;
   CHECK(total == host.host_moment_bytes);
-  CHECK(offloaded.host_moment_bytes >= total / 2);
+  CHECK(offloaded.pinned_moment_bytes >= total / 2);
   CHECK(offloaded.space_moment_bytes > 0);
-  const Run all = train_run(true, 1, 1, 1, 1, 0, false, 1.0);
+  CHECK(offloaded.host_moment_bytes == 0);
+  // pinned too: a host copy of each offloaded slice's values and gradient (4 bytes each per
+  // element, as many bytes as the two moments), allocated once
+  CHECK(offloaded.pinned_bytes == 2 * offloaded.pinned_moment_bytes);
+  const Run all = train_run(true, 1, 1, 1, 3, 0, false, 1.0);
   CHECK(all.space_moment_bytes == 0);
+  check_bitwise(all, host);
   CHECK_THROWS_WITH_AS(train_run(false, 1, 1, 1, 1, 0, false, 1.5), doctest::Contains("offload ratio"), ConfigError);
 }
 
@@ -165,6 +205,63 @@ TEST_CASE("StagingComm (the shared-device path): TP=2 x DP=2 and PP=2 x DP=2 thr
   }
 }
 
-TEST_CASE("ZeRO's reduce-scatter still packs on the host: stage 1 at DP=2 outside host memory fails naming the space") {
-  CHECK_THROWS_WITH_AS(train_run(true, 1, 1, 2, 1, 1), doctest::Contains("guarded test memory"), Error);
+TEST_CASE("ZeRO stages 1-3 at DP=2: packing, reduce-scatter, the sharded update and the all-gathers stay in the space; bitwise the host run") {
+  for (int stage : {1, 2, 3}) {
+    CAPTURE(stage);
+    const Run host = train_run(false, 1, 1, 2, 2, stage), guarded = train_run(true, 1, 1, 2, 2, stage);
+    CHECK(guarded.every_parameter_in_space);
+    check_bitwise(guarded, host);
+    // the payloads and gather buffers were in the space, none on the host (the host peak is
+    // the last step's, the space's over the whole run)
+    CHECK(host.host_communication_peak > 0);
+    CHECK(guarded.space_communication_peak >= host.host_communication_peak);
+    CHECK(guarded.host_communication_peak == 0);
+  }
+}
+
+TEST_CASE("ZeRO stage 2 with dynamic loss scaling: the overflow check copies the reduced slices out of the space") {
+  const Run host = train_run(false, 1, 1, 2, 4, 2, true), guarded = train_run(true, 1, 1, 2, 4, 2, true);
+  CHECK(host.skipped == 1);
+  CHECK(guarded.skipped == 1);
+  check_bitwise(guarded, host);
+}
+
+TEST_CASE("ZeRO through StagingComm, with TP and PP (stage 2 at PP=2 x DP=2, stage 3 at TP=2 x DP=2); bitwise the host run") {
+  using Staging = comm::StagingComm<comm::ThreadComm>;
+  for (auto [tp, pp, stage] : {std::tuple{1, 2, 2}, std::tuple{2, 1, 3}}) {
+    CAPTURE(tp);
+    CAPTURE(pp);
+    const Run host = train_run(false, tp, pp, 2, 2, stage), staged = train_run<Staging>(true, tp, pp, 2, 2, stage);
+    CHECK(staged.every_parameter_in_space);
+    check_bitwise(staged, host);
+  }
+}
+
+TEST_CASE("ZeRO stages 1-3 with half the optimizer state offloaded: the owned slices are copied out and back; bitwise the host run") {
+  for (int stage : {1, 2, 3}) {
+    CAPTURE(stage);
+    const Run host = train_run(false, 1, 1, 2, 2, stage), offloaded = train_run(true, 1, 1, 2, 2, stage, false, 0.5);
+    check_bitwise(offloaded, host);
+    CHECK(offloaded.pinned_moment_bytes > 0);
+    CHECK(offloaded.space_moment_bytes > 0);
+  }
+}
+
+TEST_CASE("16-bit gradient transport is rounded on the host: --grad-reduce-dtype bf16 at DP=2 in a space fails naming it") {
+  CHECK_THROWS_WITH_AS(train_run(true, 1, 1, 2, 1, 0, false, 0.0, dp::GradReduceDType::Bf16),
+                       doctest::Contains("rounded on the host, not yet in guarded test memory"), Error);
+}
+
+TEST_CASE("checkpoints from and into the space: save after 2 steps, resume in a new trainer; bitwise the uninterrupted host run") {
+  // TP=2 at ZeRO 0 (moments whole, rank 0 of DP saves them) and DP=2 at stage 3 (parameters
+  // all-gathered for saving, moments partitioned, half offloaded)
+  for (auto [tp, dp, stage, offload] : {std::tuple{2, 1, 0, 0.0}, std::tuple{1, 2, 3, 0.5}}) {
+    CAPTURE(tp);
+    CAPTURE(stage);
+    const Run host = train_run(false, tp, 1, dp, 3, stage);
+    checkpoint_test::TempDir dir;
+    const Run resumed = train_run(true, tp, 1, dp, 3, stage, false, offload, dp::GradReduceDType::Fp32, dir / "ckpt", 2);
+    CHECK(resumed.every_parameter_in_space);
+    check_bitwise(resumed, host);
+  }
 }

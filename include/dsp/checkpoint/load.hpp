@@ -114,10 +114,10 @@ class CheckpointReader {
   /// the checkpoint has no such tensor, or naming the file when a shard cannot be read.
   Tensor global_tensor(std::string_view name) const {
     const ShardedTensor& spec = find(name);
-    Tensor global(spec.global_shape);
+    Tensor global = Tensor::host_zeros(spec.global_shape);
     const int tp = manifest_.meta.layout.tensor;
     for (int r = 0; r < tp; ++r) {
-      Tensor local(spec.local_shape(tp));
+      Tensor local = Tensor::host_zeros(spec.local_shape(tp));
       read_saved(name, r, 0, local.span());
       unshard_into(spec, local, tp, r, global);
     }
@@ -203,7 +203,8 @@ inline GlobalCheckpoint load_global(const std::filesystem::path& dir) {
 
 /// Fills every local tensor of `state` (rank tp_rank of tp_size, any TP the specs allow) with
 /// shard_of(spec, global tensor from the checkpoint, tp_size, tp_rank) and returns the verified
-/// manifest (iteration, extra, model_config for the trainer). Tensors of the checkpoint that
+/// manifest (iteration, extra, model_config for the trainer). A local tensor in a memory space
+/// (device memory) stays there: the values are copied into it. Tensors of the checkpoint that
 /// the state lacks are ignored. All checks happen before any local tensor is written. Throws as
 /// check_state when the state does not fit (tp_size, tp_rank); CheckpointError when the
 /// checkpoint lacks some of the state's tensors (all named) or was saved from a different
@@ -219,8 +220,11 @@ inline Manifest load_into(const CheckpointReader& reader, const State& state, in
   }
   if (!missing.empty())
     throw CheckpointError(dsp::detail::concat("checkpoint ", reader.dir().string(), " has no tensor(s) ", missing));
-  for (const ShardEntry& e : state)
-    *e.local = shard_of(e.spec, reader.global_tensor(e.spec.name), tp_size, tp_rank);
+  for (const ShardEntry& e : state) {
+    Tensor local = shard_of(e.spec, reader.global_tensor(e.spec.name), tp_size, tp_rank);
+    if (e.local->on_host()) *e.local = std::move(local);
+    else e.local->copy_from_host(local.span());  // same shape: check_state checked it
+  }
   return reader.manifest();
 }
 

@@ -15,6 +15,7 @@
 #include <array>
 #include <bit>
 #include <cstdint>
+#include <deque>
 #include <filesystem>
 #include <map>
 #include <span>
@@ -68,7 +69,7 @@ class SafetensorsFile {
   /// Reads tensor `name` as fp32 (BF16 widened exactly). Throws CheckpointError naming the file
   /// when the tensor is absent, has a dtype other than F32/BF16, or cannot be read.
   Tensor tensor(std::string_view name) const {
-    Tensor t(entry(name).shape);
+    Tensor t = Tensor::host_zeros(entry(name).shape);
     read_elements(name, 0, t.span());
     return t;
   }
@@ -144,15 +145,18 @@ inline FileDigest write_safetensors(const std::filesystem::path& path, const std
   return out.close();
 }
 
-/// write_safetensors of whole tensors (name -> fp32 tensor). Throws CheckpointError naming the
-/// file when a tensor pointer is null, otherwise as above.
+/// write_safetensors of whole tensors (name -> fp32 tensor). Tensors in a memory space (device
+/// memory) are copied to the host first, all of the file's at once (Tensor::to_host). Throws
+/// CheckpointError naming the file when a tensor pointer is null, otherwise as above.
 inline FileDigest write_safetensors(const std::filesystem::path& path,
                                     const std::vector<std::pair<std::string, const Tensor*>>& tensors,
                                     const std::map<std::string, std::string>& metadata = {}) {
   std::vector<TensorRef> refs;
+  std::deque<Tensor> host_copies;  // stable addresses while refs point into them
   for (const auto& [name, t] : tensors) {
     DSP_CHECK_AS(CheckpointError, t != nullptr, path.string(), ": tensor '", name, "' has no data");
-    refs.push_back({name, t->shape(), t->span()});
+    const Tensor& host = t->on_host() ? *t : host_copies.emplace_back(t->to_host());
+    refs.push_back({name, host.shape(), host.span()});
   }
   return write_safetensors(path, refs, metadata);
 }

@@ -27,10 +27,13 @@
 // sums stay in the payload (stages 0 and 1, counted as Gradients, allocated even with one DP
 // rank) or in a 16-bit copy of the owned slices (from stage 2); reduced<T>() reads them.
 //
-// Gradients in a memory space (device memory, core/memory_space.hpp): an fp32 bucket without
-// ZeRO copies them into its host payload and the sums back (Tensor::copy_to_host /
-// copy_from_host), so the all-reduce runs on host memory. 16-bit transport and ZeRO's
-// reduce-scatter still pack on the host and throw Error naming the space.
+// Gradients in a memory space (device memory, core/memory_space.hpp): fp32 payloads and
+// reduced slices live in the space current at construction (core/space_buffer.hpp), gradients
+// are packed into them and unpacked by the space's copies, and the communicator reduces them
+// where they are (a communicator that reads device memory: StagingComm over ThreadComm for
+// ranks sharing a device, NcclComm for device buffers). 16-bit payloads are
+// rounded on the host: buckets that keep or send 16-bit gradients throw Error when built in a
+// space.
 #include <cstdint>
 #include <algorithm>
 #include <exception>
@@ -47,6 +50,8 @@
 #include "dsp/core/dtype.hpp"
 #include "dsp/core/error.hpp"
 #include "dsp/core/memory.hpp"
+#include "dsp/core/memory_space.hpp"
+#include "dsp/core/space_buffer.hpp"
 #include "dsp/model/parameter.hpp"
 #include "dsp/zero/partition.hpp"
 
@@ -103,6 +108,9 @@ class GradBuckets {
   /// (Tensor{}) once packed: whoever accumulates into it next must allocate it again.
   /// mixed_precision: the gradients are kept in the 16-bit grad_reduce_dtype (see the top of the
   /// file); every full gradient is released once packed. Throws ConfigError when it is fp32.
+  /// fp32 payloads and reduced slices are allocated in the current memory space; 16-bit ones
+  /// are rounded on the host, so 16-bit transport with DP > 1, or mixed_precision, throws Error
+  /// naming the space when one is current.
   GradBuckets(Comm& dp, const std::vector<model::Parameter*>& params, DdpConfig config,
               const model::Parameter* own_bucket = nullptr, int zero_stage = 0, bool mixed_precision = false)
       : dp_(&dp), config_(config), zero_stage_(zero_stage), mixed_(mixed_precision) {
@@ -111,6 +119,10 @@ class GradBuckets {
     DSP_CHECK_AS(ConfigError, !mixed_ || config.grad_reduce_dtype != GradReduceDType::Fp32,
                  "mixed precision keeps the gradients in 16 bits: --grad-reduce-dtype must be bf16 or fp16");
     const std::int64_t elem = config.grad_reduce_dtype == GradReduceDType::Fp32 ? 4 : 2;
+    if (space_)
+      DSP_CHECK(!mixed_ && (elem == 4 || dp.size() == 1), "grad buckets: 16-bit gradients (",
+                mixed_ ? "mixed precision" : "--grad-reduce-dtype", ") are rounded on the host, not yet in ",
+                space_->name(), " memory");
     for (auto* p : params) {
       const std::int64_t bytes = p->grad.numel() * elem;
       const bool alone = p == own_bucket || (!buckets_.empty() && buckets_.back().params.back() == own_bucket);
@@ -131,9 +143,9 @@ class GradBuckets {
         if (zero_stage >= 2) b.reduced = make_payload(config.grad_reduce_dtype, b.slice_elements, memory::Category::Gradients);
         else allocate_payload(b);
       } else if (sharded()) {
-        b.reduced = Payload<float>(static_cast<std::size_t>(b.slice_elements), 0.0f,
-                                   memory::CountingAllocator<float>(zero_stage >= 2 ? memory::Category::Gradients
-                                                                                   : memory::Category::Communication));
+        b.reduced = Payload<float>(static_cast<std::size_t>(b.slice_elements),
+                                   zero_stage >= 2 ? memory::Category::Gradients : memory::Category::Communication,
+                                   space_);
         if (zero_stage == 1) allocate_payload(b);
       } else if (dp.size() > 1) {  // with one rank nothing is communicated: no payload
         allocate_payload(b);
@@ -203,26 +215,30 @@ class GradBuckets {
           [&]<class T>(Payload<T>& payload) {
             if (mixed_) {  // the sums stay in the payload; from stage 2 the owned block is kept
               if (zero_stage_ < 2) return;
-              auto& kept = std::get<Payload<T>>(b.reduced);
-              std::copy_n(payload.begin() + b.slice_elements * dp_->rank(), b.slice_elements, kept.begin());
-              Payload<T>(payload.get_allocator()).swap(payload);
+              const std::span<T> all = payload.host_span("16-bit gradient unpacking");
+              std::copy_n(all.begin() + b.slice_elements * dp_->rank(), b.slice_elements,
+                          std::get<Payload<T>>(b.reduced).host_span("16-bit gradient unpacking").begin());
+              payload = Payload<T>{};
               return;
             }
             if (!sharded()) {
-              for_each_slice(b, payload, [](Tensor& grad, std::span<T> slice) {
-                if constexpr (std::is_same_v<T, float>) {  // copied into the gradient wherever it lives
-                  grad.copy_from_host(slice);
+              for_each_slice(b, payload, [&](Tensor& grad, std::span<T> slice) {
+                if constexpr (std::is_same_v<T, float>) {  // copied into the gradient wherever each lives
+                  copy_elements(copier(grad), grad.data(), slice.data(), slice.size());
                 } else {  // 16-bit: host gradients only (span() throws for others)
                   std::ranges::transform(slice, grad.span().begin(), [](T x) { return static_cast<float>(x); });
                 }
               });
               return;
             }
-            if constexpr (!std::is_same_v<T, float>)  // a 16-bit payload was reduced in place
-              std::transform(payload.begin() + b.slice_elements * dp_->rank(),
-                             payload.begin() + b.slice_elements * (dp_->rank() + 1),
-                             std::get<Payload<float>>(b.reduced).begin(), [](T x) { return static_cast<float>(x); });
-            if (zero_stage_ >= 2) Payload<T>(payload.get_allocator()).swap(payload);  // lives only while in flight
+            if constexpr (!std::is_same_v<T, float>) {  // a 16-bit payload was reduced in place
+              const auto mine = payload.host_span("16-bit gradient unpacking")
+                                    .subspan(static_cast<std::size_t>(b.slice_elements * dp_->rank()),
+                                             static_cast<std::size_t>(b.slice_elements));
+              const auto out = std::get<Payload<float>>(b.reduced).host_span("16-bit gradient unpacking");
+              std::ranges::transform(mine, out.begin(), [](T x) { return static_cast<float>(x); });
+            }
+            if (zero_stage_ >= 2) payload = Payload<T>{};  // lives only while in flight
           },
           b.payload);
     }
@@ -243,8 +259,8 @@ class GradBuckets {
       DSP_CHECK((std::is_same_v<T, float>), "grad buckets: fp32 gradients read as 16-bit");
       if constexpr (std::is_same_v<T, float>) {
         if (!sharded()) return p.grad.raw_span();  // where the gradient lives
-        return std::span(std::get<Payload<float>>(b.reduced))
-            .subspan(static_cast<std::size_t>(slot.offset), static_cast<std::size_t>(slot.range.valid()));
+        return std::get<Payload<float>>(b.reduced).raw_span().subspan(static_cast<std::size_t>(slot.offset),
+                                                                      static_cast<std::size_t>(slot.range.valid()));
       }
     }
     AnyPayload& where = zero_stage_ >= 2 ? b.reduced : b.payload;
@@ -253,8 +269,8 @@ class GradBuckets {
     const std::int64_t at = zero_stage_ == 0   ? slot.flat
                             : zero_stage_ == 1 ? b.slice_elements * dp_->rank() + slot.offset
                                                : slot.offset;
-    return std::span(std::get<Payload<T>>(where))
-        .subspan(static_cast<std::size_t>(at), static_cast<std::size_t>(sharded() ? slot.range.valid() : slot.range.numel));
+    return std::get<Payload<T>>(where).raw_span().subspan(
+        static_cast<std::size_t>(at), static_cast<std::size_t>(sharded() ? slot.range.valid() : slot.range.numel));
   }
   /// The slice of p this rank owns (the whole gradient at stage 0). Throws Error as reduced().
   zero::ShardRange range(const model::Parameter& p) const {
@@ -269,6 +285,9 @@ class GradBuckets {
   /// Whether the gradients are kept in 16 bits (the constructor's mixed_precision).
   bool mixed_precision() const { return mixed_; }
   Comm& group() const { return *dp_; }
+  /// The memory space fp32 payloads and reduced slices live in (current at construction; null:
+  /// host memory).
+  MemorySpace* space() const { return space_; }
 
   /// Number of buckets.
   std::size_t size() const { return buckets_.size(); }
@@ -279,9 +298,10 @@ class GradBuckets {
   const DdpConfig& config() const { return config_; }
 
  private:
-  // A bucket's payload, counted as memory::Category::Communication.
+  // A bucket's payload or reduced slices (fp32: in the memory space current at construction;
+  // 16-bit: host memory).
   template <class T>
-  using Payload = std::vector<T, memory::CountingAllocator<T>>;
+  using Payload = SpaceBuffer<T>;
   using AnyPayload = std::variant<Payload<float>, Payload<bf16>, Payload<fp16>>;
 
   struct Bucket {
@@ -305,6 +325,9 @@ class GradBuckets {
   };
 
   bool sharded() const { return zero_stage_ >= 1; }
+  // The space that copies between grad and an fp32 payload (in space_): space_, or grad's when
+  // the buckets are in host memory.
+  MemorySpace* copier(const Tensor& grad) const { return space_ ? space_ : grad.space(); }
 
   // The bucket's payload: its elements (ZeRO: N x its padded slices), counted as Communication
   // (mixed precision at stages 0 and 1: Gradients, it holds them). fp32 on a group of one
@@ -314,11 +337,11 @@ class GradBuckets {
     const GradReduceDType dtype = dp_->size() > 1 || mixed_ ? config_.grad_reduce_dtype : GradReduceDType::Fp32;
     b.payload = make_payload(dtype, n, mixed_ && zero_stage_ < 2 ? memory::Category::Gradients : memory::Category::Communication);
   }
-  static AnyPayload make_payload(GradReduceDType dtype, std::int64_t elements, memory::Category category) {
+  AnyPayload make_payload(GradReduceDType dtype, std::int64_t elements, memory::Category category) {
     const auto n = static_cast<std::size_t>(elements);
-    if (dtype == GradReduceDType::Bf16) return Payload<bf16>(n, memory::CountingAllocator<bf16>(category));
-    if (dtype == GradReduceDType::Fp16) return Payload<fp16>(n, memory::CountingAllocator<fp16>(category));
-    return Payload<float>(n, 0.0f, memory::CountingAllocator<float>(category));
+    if (dtype == GradReduceDType::Bf16) return Payload<bf16>(n, category, nullptr);
+    if (dtype == GradReduceDType::Fp16) return Payload<fp16>(n, category, nullptr);
+    return Payload<float>(n, category, space_);
   }
   // Whether a full gradient is released once packed (from stage 2, and with mixed precision).
   bool releases_gradients() const { return zero_stage_ >= 2 || mixed_; }
@@ -333,21 +356,28 @@ class GradBuckets {
         [&]<class T>(Payload<T>& payload) {
           for (auto* p : b.params) {
             const Slot& slot = where_.at(p);
-            const float* g = p->grad.span().data();  // host gradients only: span() throws for others
             for (int q = 0; q < n; ++q) {
               const zero::ShardRange r = zero::shard_range(slot.range.numel, n, q);
-              const std::int64_t at = q * b.slice_elements + slot.offset;
-              for (std::int64_t i = 0; i < r.valid(); ++i) payload[static_cast<std::size_t>(at + i)] = T(g[r.begin + i]);
+              const auto at = static_cast<std::size_t>(q * b.slice_elements + slot.offset);
+              if constexpr (std::is_same_v<T, float>) {  // copied from the gradient wherever each lives
+                copy_elements(copier(p->grad), payload.data() + at, p->grad.data() + r.begin,
+                              static_cast<std::size_t>(r.valid()));
+              } else {  // 16-bit: host gradients only (span() throws for others)
+                const auto g =
+                    p->grad.span().subspan(static_cast<std::size_t>(r.begin), static_cast<std::size_t>(r.valid()));
+                const auto out = payload.host_span("16-bit gradient packing").subspan(at);
+                std::ranges::transform(g, out.begin(), [](float x) { return T(x); });
+              }
             }
             if (releases_gradients()) p->grad = Tensor{};
           }
           if constexpr (std::is_same_v<T, float>) {
-            b.work = dp_->reduce_scatter_async(std::span<const float>(payload),
-                                               std::span<float>(std::get<Payload<float>>(b.reduced)));
+            b.work = dp_->reduce_scatter_async(std::span<const float>(payload.raw_span()),
+                                               std::get<Payload<float>>(b.reduced).raw_span());
           } else {  // reduced in place: this rank's block of the payload
-            const auto mine = std::span(payload).subspan(static_cast<std::size_t>(b.slice_elements * dp_->rank()),
+            const auto mine = payload.raw_span().subspan(static_cast<std::size_t>(b.slice_elements * dp_->rank()),
                                                          static_cast<std::size_t>(b.slice_elements));
-            b.work = dp_->reduce_scatter_async(std::span<const T>(payload), mine);
+            b.work = dp_->reduce_scatter_async(std::span<const T>(payload.raw_span()), mine);
           }
         },
         b.payload);
@@ -367,7 +397,7 @@ class GradBuckets {
     std::size_t off = 0;
     for (auto* p : b.params) {
       const auto n = static_cast<std::size_t>(p->grad.numel());
-      f(p->grad, std::span<T>(payload).subspan(off, n));
+      f(p->grad, payload.raw_span().subspan(off, n));
       off += n;
     }
   }
@@ -379,22 +409,23 @@ class GradBuckets {
     if (dp_->size() == 1 && !mixed_) return;
     std::visit(
         [&]<class T>(Payload<T>& payload) {
-          for_each_slice(b, payload, [](Tensor& grad, std::span<T> slice) {
-            if constexpr (std::is_same_v<T, float>) {  // copied from the gradient wherever it lives
-              grad.copy_to_host(slice);
+          for_each_slice(b, payload, [&](Tensor& grad, std::span<T> slice) {
+            if constexpr (std::is_same_v<T, float>) {  // copied from the gradient wherever each lives
+              copy_elements(copier(grad), slice.data(), grad.data(), slice.size());
             } else {  // 16-bit: host gradients only (span() throws for others)
               std::ranges::transform(grad.span(), slice.begin(), [](float x) { return T(x); });
             }
           });
           if (releases_gradients())
             for (auto* p : b.params) p->grad = Tensor{};
-          if (dp_->size() > 1) b.work = dp_->all_reduce_async(std::span<T>(payload));
+          if (dp_->size() > 1) b.work = dp_->all_reduce_async(payload.raw_span());
         },
         b.payload);
     if (dp_->size() > 1) ++b.reductions;
   }
 
   Comm* dp_;
+  MemorySpace* space_ = current_memory_space();  // where fp32 payloads and reduced slices live
   DdpConfig config_;
   int zero_stage_ = 0;
   bool mixed_ = false;

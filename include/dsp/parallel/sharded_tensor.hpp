@@ -15,6 +15,7 @@
 //   GateUp      fused [gate; up] rows, each half split evenly (SwiGLU).
 #include <algorithm>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -221,29 +222,36 @@ void for_each_shard_row(const ShardedTensor& spec, int tp, int rank, Fn fn) {
 }
 
 /// The local shard of `global` (shape spec.global_shape) for TP rank `rank` of `tp`;
-/// padding is zero. Throws Error when global has the wrong shape.
+/// padding is zero. Host tensors: the shard is made in host memory; throws Error when global
+/// has the wrong shape or is not on the host.
 inline Tensor shard_of(const ShardedTensor& spec, const Tensor& global, int tp, int rank) {
   DSP_CHECK(global.shape() == spec.global_shape, spec.name, ": global tensor has shape ",
             shape_str(global.shape()), ", expected ", shape_str(spec.global_shape));
   if (spec.kind == ShardKind::Replicated) return global;
-  Tensor local(spec.local_shape(tp));
+  Tensor local = Tensor::host_zeros(spec.local_shape(tp));
+  const std::span<const float> in = global.span();
+  const std::span<float> out = local.span();
   for_each_shard_row(spec, tp, rank, [&](std::int64_t l, std::int64_t g, std::int64_t n) {
-    std::copy_n(global.data() + g, n, local.data() + l);
+    std::copy_n(in.begin() + g, n, out.begin() + l);
   });
   return local;
 }
 
-/// Writes the elements of `local` (rank `rank`'s shard) into their places in `global`.
+/// Writes the elements of `local` (rank `rank`'s shard) into their places in `global`. Host
+/// tensors: `global` is made in host memory when its shape is not the global one; throws Error
+/// when local has the wrong shape or either is not on the host.
 inline void unshard_into(const ShardedTensor& spec, const Tensor& local, int tp, int rank, Tensor& global) {
   DSP_CHECK(local.shape() == spec.local_shape(tp), spec.name, ": shard has shape ", shape_str(local.shape()),
             ", expected ", shape_str(spec.local_shape(tp)));
-  if (global.shape() != spec.global_shape) global = Tensor(spec.global_shape);
+  if (global.shape() != spec.global_shape) global = Tensor::host_zeros(spec.global_shape);
   if (spec.kind == ShardKind::Replicated) {
     global = local;
     return;
   }
+  const std::span<const float> in = local.span();
+  const std::span<float> out = global.span();
   for_each_shard_row(spec, tp, rank, [&](std::int64_t l, std::int64_t g, std::int64_t n) {
-    std::copy_n(local.data() + l, n, global.data() + g);
+    std::copy_n(in.begin() + l, n, out.begin() + g);
   });
 }
 

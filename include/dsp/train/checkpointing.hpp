@@ -21,9 +21,11 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "dsp/checkpoint/model_io.hpp"
 #include "dsp/checkpoint/save.hpp"
+#include "dsp/core/space_buffer.hpp"
 #include "dsp/train/trainer.hpp"
 
 namespace dsp::train {
@@ -42,18 +44,18 @@ struct WholeParameters {
   bool loaded = false;
 };
 
-// Calls f(spec, begin, owned) for both AdamW moments of optimizer parameter i: the spec is the
-// parameter's renamed "optimizer.exp_avg.<name>" / "optimizer.exp_avg_sq.<name>", `owned` the
-// valid elements of the part this rank owns (ZeroOptimizer::exp_avg; no padding, empty for a
-// rank past the end of a small parameter), elements [begin, begin + owned.size()) of the
-// TP-local shard.
+// Calls f(spec, begin, n, moment) for both AdamW moments of optimizer parameter i: the spec is
+// the parameter's renamed "optimizer.exp_avg.<name>" / "optimizer.exp_avg_sq.<name>", the first
+// n elements of `moment` (ZeroOptimizer::exp_avg, wherever it lives) the valid elements of the
+// part this rank owns (no padding; n = 0 for a rank past the end of a small parameter),
+// elements [begin, begin + n) of the TP-local shard.
 template <class Optimizer, class F>
 void for_each_moment(Optimizer& opt, std::size_t i, F&& f) {
   const zero::ShardRange r = opt.range(i);
   for (auto [prefix, moment] : {std::pair{"exp_avg.", &opt.exp_avg(i)}, std::pair{"exp_avg_sq.", &opt.exp_avg_sq(i)}}) {
     ShardedTensor spec = opt.parameters()[i]->spec;
     spec.name = std::string(checkpoint::optimizer_prefix) + prefix + spec.name;
-    f(spec, r.begin, moment->span().first(static_cast<std::size_t>(r.valid())));  // host moments only
+    f(spec, r.begin, r.valid(), *moment);
   }
 }
 }  // namespace detail
@@ -62,15 +64,18 @@ void for_each_moment(Optimizer& opt, std::size_t i, F&& f) {
 /// the owned slice of every parameter (its valid elements: no padding); at ZeRO 0 the whole
 /// moments of the parameters whose partition group (data-parallel, or expert-data-parallel for
 /// a routed expert) this rank is rank 0 of. Tied copies are left out (their owner saves them).
-/// The values are the optimizer's.
+/// The values are the optimizer's, or for moments in a memory space (device memory) those of
+/// host copies kept in `host_copies`.
 template <class Policy>
-checkpoint::Partition optimizer_partition(Trainer<Policy>& t) {
+checkpoint::Partition optimizer_partition(Trainer<Policy>& t, std::deque<Tensor>& host_copies) {
   auto& opt = t.optimizer();
   checkpoint::Partition out;
   for (std::size_t i = 0; i < opt.parameters().size(); ++i) {
     if (opt.parameters()[i]->tied_copy || (opt.stage() == 0 && opt.group(i).rank() != 0)) continue;
-    detail::for_each_moment(opt, i, [&](const ShardedTensor& spec, std::int64_t begin, std::span<float> owned) {
-      if (!owned.empty()) out.push_back({spec, begin, owned});
+    detail::for_each_moment(opt, i, [&](const ShardedTensor& spec, std::int64_t begin, std::int64_t n, Tensor& moment) {
+      if (n == 0) return;
+      Tensor& host = moment.on_host() ? moment : host_copies.emplace_back(moment.to_host());
+      out.push_back({spec, begin, host.span().first(static_cast<std::size_t>(n))});
     });
   }
   return out;
@@ -142,7 +147,8 @@ void save_checkpoint(const std::filesystem::path& dir, Trainer<Policy>& t) {
   if (mesh.dp_rank() == 0) broadcast(mp);
   broadcast(dp);
   if (mesh.dp_rank() == 0) checkpoint::write_shard_file(tmp, weights, mesh.tp_size(), mesh.tp_rank(), mesh.pp_rank());
-  if (const checkpoint::Partition moments = optimizer_partition(t); !moments.empty())
+  std::deque<Tensor> moment_copies;
+  if (const checkpoint::Partition moments = optimizer_partition(t, moment_copies); !moments.empty())
     checkpoint::write_partition_file(tmp, moments, mesh.tp_size(), mesh.tp_rank(), mesh.pp_rank(), mesh.dp_rank());
   dp.barrier();  // every replica's files of this (TP, PP) rank are written
   if (mesh.dp_rank() == 0) {
@@ -175,7 +181,7 @@ void load_checkpoint(const std::filesystem::path& dir, Trainer<Policy>& t) {
   auto& opt = t.optimizer();
   const int tp = t.mesh().tp_size(), tp_rank = t.mesh().tp_rank();
   for (std::size_t i = 0; i < opt.parameters().size(); ++i)  // every check before anything is written
-    detail::for_each_moment(opt, i, [&](const ShardedTensor& spec, std::int64_t, std::span<float>) {
+    detail::for_each_moment(opt, i, [&](const ShardedTensor& spec, std::int64_t, std::int64_t, Tensor&) {
       reader.check_matches(spec);
     });
   {
@@ -185,8 +191,13 @@ void load_checkpoint(const std::filesystem::path& dir, Trainer<Policy>& t) {
     whole.loaded = true;
   }
   for (std::size_t i = 0; i < opt.parameters().size(); ++i)
-    detail::for_each_moment(opt, i, [&](const ShardedTensor& spec, std::int64_t begin, std::span<float> owned) {
-      if (!owned.empty()) reader.read_local(spec.name, tp, tp_rank, begin, owned);
+    detail::for_each_moment(opt, i, [&](const ShardedTensor& spec, std::int64_t begin, std::int64_t n, Tensor& moment) {
+      if (n == 0) return;
+      if (moment.on_host())
+        return reader.read_local(spec.name, tp, tp_rank, begin, moment.span().first(static_cast<std::size_t>(n)));
+      std::vector<float> host(static_cast<std::size_t>(n));  // read on the host, copied into the moment's space
+      reader.read_local(spec.name, tp, tp_rank, begin, host);
+      copy_elements(moment.space(), moment.data(), host.data(), host.size());
     });
   opt.set_steps(m.meta.iteration);
   t.sampler().set_state(m.meta.extra.at("sampler").get<dp::DataSampler::State>());

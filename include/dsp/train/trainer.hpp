@@ -78,10 +78,10 @@ struct TrainConfig {
   /// --zero-stage: how much of the model state is partitioned over data parallelism
   /// (zero::ZeroOptimizer: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters).
   int zero_stage = 0;
-  /// Fraction of the optimizer state kept in host memory and updated by the CPU while the
-  /// device updates the rest (zero::ZeroOptimizer's offload_ratio; Megatron's
-  /// --optimizer-offload-fraction). On the Host backend it changes nothing but where the
-  /// update's copies go.
+  /// Fraction of the optimizer state kept in host memory (a device's pinned host memory) and
+  /// updated by the CPU while the device updates the rest (zero::ZeroOptimizer's
+  /// offload_ratio; Megatron's --optimizer-offload-fraction). On the Host backend it changes
+  /// nothing: the state is in host memory already.
   double offload_ratio = 0.0;
   /// Dynamic loss scaling (null: none; with precision::Fp16Mixed LossScalerConfig's defaults): the backward starts from the
   /// loss times the scale, the reduced gradients are multiplied by 1 / scale, and a step whose
@@ -165,11 +165,13 @@ class Trainer {
   /// Every tensor lives in the calling thread's current memory space, which must be the
   /// backend's (for backend::Cuda: construct and use the trainer inside
   /// MemorySpaceScope(memory_space(Cuda{}))). Fp32 on a device backend covers training steps
-  /// and evaluate() at any TP x PP x DP with ZeRO 0, over a communicator that reads device
-  /// memory and also takes the trainer's host-side sums (comm::StagingComm, for ranks sharing
-  /// one GPU; NcclComm takes device memory only, so not yet); 16-bit activations and gradients,
-  /// ZeRO stages 1-3, MoE layers and checkpoints still read tensors on the host and throw Error
-  /// naming the space.
+  /// and evaluate() at any TP x PP x DP with ZeRO stages 0-3 (offload included), over a
+  /// communicator that reads device memory and also takes the trainer's host-side sums in its
+  /// blocking forms (comm::StagingComm, for ranks sharing one GPU; NcclComm, one GPU per rank,
+  /// which stages host memory through device copies); checkpoints (train/checkpointing.hpp)
+  /// copy through the host. 16-bit activations
+  /// and gradients and MoE layers still read tensors on the host and throw Error naming the
+  /// space.
   /// Collective over the mesh. Throws ConfigError when the model does not split over TP or
   /// the pipeline, the batch sizes do not divide, or the schedule does not fit them (e.g.
   /// interleaved with micro-batches not a multiple of the pipeline size).
@@ -249,7 +251,7 @@ class Trainer {
     hooks.backward = [&](int m, int s, Tensor dy, bool last) {
       Stage& stage = chunk(s);
       if (stage.layers().post_process) {
-        Tensor host({tc_.micro_batch_size * seq}, memory::current_category(), nullptr);
+        Tensor host = Tensor::host_zeros({tc_.micro_batch_size * seq});
         host.fill(static_cast<float>(loss_scale / loss_tokens));
         dy = std::move(host).to(current_memory_space());
       }

@@ -45,6 +45,8 @@
 #include "dsp/comm/communicator.hpp"
 #include "dsp/comm/detail/keep_alive.hpp"
 #include "dsp/core/error.hpp"
+#include "dsp/core/memory_space.hpp"
+#include "dsp/core/space_buffer.hpp"
 #include "dsp/dp/grad_buckets.hpp"
 #include "dsp/model/parameter.hpp"
 #include "dsp/precision/loss_scaler.hpp"
@@ -82,25 +84,37 @@ class ZeroOptimizer {
   /// (OptimizerState). Mixed precision: the buckets must keep 16-bit gradients
   /// (mixed_precision); stores each parameter in T (Parameters), its owned slice's fp32 master
   /// copy as OptimizerState, and frees the fp32 values and gradients. Throws Error for a
-  /// parameter in no bucket, buckets of mixed stages, or buckets that keep the wrong precision.
+  /// parameter in no bucket, buckets of mixed stages, or buckets that keep the wrong precision,
+  /// and when a parameter or the buckets are in another memory space than the current one.
   /// offload_ratio (ZeRO-Offload, Ren et al., USENIX ATC'21, section 4; DeepSpeed's
   /// offload_optimizer.ratio, Megatron's --optimizer-offload-fraction): the fraction of the
   /// optimizer state kept in host memory and updated by the CPU: the state of the first
   /// parameters in `params` until that fraction of their elements is reached (so at least the
-  /// fraction, by at most one parameter). Throws ConfigError outside [0, 1].
+  /// fraction, by at most one parameter). Throws ConfigError outside [0, 1]. Built in a memory
+  /// space (fp32 on a device), the offloaded moments and a host copy of each offloaded slice's
+  /// values (Parameters) and gradient (Gradients) are in the space's pinned host memory
+  /// (MemorySpace::pinned_host(); ordinary host memory when it has none), allocated once.
   ZeroOptimizer(std::vector<model::Parameter*> params, std::vector<Buckets*> buckets, AdamWConfig config,
                 int tp_size, int tp_rank, double offload_ratio = 0.0)
-      : config_(config), stage_(buckets.at(0)->zero_stage()), data_(&buckets.front()->group()) {
+      : config_(config),
+        stage_(buckets.at(0)->zero_stage()),
+        data_(&buckets.front()->group()),
+        space_(current_memory_space()) {
     DSP_CHECK_AS(ConfigError, offload_ratio >= 0.0 && offload_ratio <= 1.0,
                  "the optimizer offload ratio must be in [0, 1], got ", offload_ratio);
     std::int64_t total = 0, offloaded = 0;  // parameter elements
     for (auto* p : params) total += p->value.numel();
+    const auto space_name = [](const MemorySpace* m) { return m ? m->name() : std::string_view("host"); };
     for (auto* b : buckets) {
+      DSP_CHECK(b->space() == space_, "zero: gradient buckets built in ", space_name(b->space()),
+                " memory for an optimizer built in ", space_name(space_), " memory");
       DSP_CHECK(b->zero_stage() == stage_, "zero: gradient buckets for stages ", stage_, " and ", b->zero_stage());
       DSP_CHECK(b->mixed_precision() == mixed, "zero: the gradient buckets ", mixed ? "do not keep" : "keep",
                 " 16-bit gradients");
     }
     for (auto* p : params) {
+      DSP_CHECK(p->value.space() == space_, "zero: parameter ", p->spec.name, " is in ", space_name(p->value.space()),
+                " memory, the optimizer was built in ", space_name(space_), " memory");
       Slot s;
       s.p = p;
       for (auto* b : buckets)
@@ -111,7 +125,12 @@ class ZeroOptimizer {
       const Shape moment = stage_ == 0 ? s.shape : Shape{s.range.size};
       s.offloaded = static_cast<double>(offloaded) < offload_ratio * static_cast<double>(total);
       if (s.offloaded) offloaded += dsp::numel(s.shape);
-      MemorySpace* state_space = s.offloaded ? nullptr : current_memory_space();  // host memory when offloaded
+      MemorySpace* state_space = s.offloaded ? host_space() : space_;
+      if (s.offloaded && space_ && !mixed) {  // the CPU update's inputs, copied out of the space each step
+        const auto n = static_cast<std::size_t>(s.range.valid());
+        s.staged_values = SpaceBuffer<float>(n, memory::Category::Parameters, host_space());
+        s.staged_gradient = SpaceBuffer<float>(n, memory::Category::Gradients, host_space());
+      }
       s.exp_avg = Tensor(moment, memory::Category::OptimizerState, state_space);
       s.exp_avg_sq = Tensor(moment, memory::Category::OptimizerState, state_space);
       auto w = ownership_weights(p->spec, tp_size, tp_rank);
@@ -123,11 +142,9 @@ class ZeroOptimizer {
         std::copy_n(p->value.span().data() + s.range.begin, s.range.valid(), s.master.span().data());
       }
       if (transient_values()) {  // what is stored: the owned slice (stage 3) or the whole shard in T
-        const bool slice = stage_ == 3;
-        s.stored = Buffer<T>(static_cast<std::size_t>(slice ? s.range.size : p->value.numel()),
-                             memory::CountingAllocator<T>(memory::Category::Parameters));
-        narrow(p->value.span().data() + (slice ? s.range.begin : 0), slice ? s.range.valid() : p->value.numel(),
-               s.stored.data());
+        s.stored = SpaceBuffer<T>(static_cast<std::size_t>(stage_ == 3 ? s.range.size : p->value.numel()),
+                                  memory::Category::Parameters, buffer_space());
+        store(s);
         p->value = Tensor{};
       }
       index_[p] = slots_.size();
@@ -136,7 +153,8 @@ class ZeroOptimizer {
   }
   ZeroOptimizer(const ZeroOptimizer&) = delete;
   ZeroOptimizer& operator=(const ZeroOptimizer&) = delete;
-  /// Waits for a prefetch still in flight. While an exception unwinds this rank (its peers may
+  /// Waits for a prefetch still in flight and for the space's copies back into the parameters
+  /// of offloaded slots (they read pinned buffers freed here). While an exception unwinds this rank (its peers may
   /// never join that all-gather, or the communicator aborted it while a peer still copies) it
   /// does not wait: the prefetch buffers and every slice and moment go to a process-lifetime
   /// store (comm::detail::keep_until_exit) for the communicator to finish or abort on.
@@ -151,6 +169,13 @@ class ZeroOptimizer {
       try {
         g.work.wait();
       } catch (...) {  // a destructor must not throw; the failure was reported where it happened
+      }
+    }
+    // the last step's copies back may still read the offloaded slots' pinned buffers
+    if (space_ && std::any_of(slots_.begin(), slots_.end(), [](const Slot& s) { return !s.staged_values.empty(); })) {
+      try {
+        space_->synchronize();
+      } catch (...) {
       }
     }
   }
@@ -204,8 +229,8 @@ class ZeroOptimizer {
       const std::span<T> g = grad(s);
       const auto finite = [](auto x) { return std::isfinite(static_cast<float>(x)); };
       if constexpr (!mixed) {
-        Buffer<float> copy;
-        const std::span<const float> h = host_gradient(s, g, copy);
+        SpaceBuffer<float> copy;
+        const std::span<const float> h = host_gradient(g, copy);
         found = found || !std::all_of(h.begin(), h.end(), finite);
         scale(Backend{}, static_cast<std::int64_t>(g.size()), factor, g.data());
       } else {
@@ -216,24 +241,28 @@ class ZeroOptimizer {
   }
 
   /// The reduced gradient this rank updates parameter i from, in T: the owned slice's valid
-  /// elements (the whole gradient at stage 0). Valid between the buckets' finish() and step().
-  /// Mixed precision: before the unscale and clipping factors.
+  /// elements (the whole gradient at stage 0), in the optimizer's memory space (device memory
+  /// when built in one: pass to ops or copy out). Valid between the buckets' finish() and
+  /// step(). Mixed precision: before the unscale and clipping factors.
   std::span<T> gradient(std::size_t i) { return grad(slots_.at(i)); }
 
   /// One AdamW update (backend::adamw_update) of the slice of every parameter this rank owns,
   /// from its reduced (and clipped) gradient; at stages 1 and 2 then all-gathers the
   /// parameters over their groups. Collective over the buckets' groups from stage 1.
   /// Mixed precision: steps the fp32 master slice from the widened gradient and rounds it into
-  /// the stored 16-bit parameter. Offloaded state (offload_ratio): parameters and gradients in
-  /// another memory space are copied to the host first, then the backend's updates of the rest
-  /// are enqueued (on a device they run while the CPU works), then the CPU updates the
-  /// offloaded ones (the Host op, the same formula) and copies the parameters back.
+  /// the stored 16-bit parameter. Offloaded state (offload_ratio), as ZeRO-Offload (section
+  /// 4.2) schedules it: in a memory space, the offloaded slices' values and gradients are
+  /// copied into their pinned host copies (enqueued, then waited for once); the backend's
+  /// updates of the rest are enqueued (on a device they run while the CPU works); the CPU
+  /// updates the offloaded ones (the Host op, the same formula); their values are copied back
+  /// (enqueued: the space's later work waits for them, the host does not).
   void step(float lr) {
     drop_prefetch();
     ++step_;
     std::vector<HostStep> on_host;
     for (auto& s : slots_)
       if (s.offloaded) on_host.push_back(stage_to_host(s));
+    if (space_ && !on_host.empty()) space_->synchronize();  // the copies out (and the backward before them)
     for (auto& s : slots_) {
       if (s.offloaded) continue;
       Tensor wide;
@@ -242,7 +271,7 @@ class ZeroOptimizer {
     }
     for (auto& h : on_host) {
       update(backend::Host{}, *h.slot, h.values, h.gradient, h.n, lr);
-      if (h.value_space) h.value_space->copy(owned_values(*h.slot), h.values, static_cast<std::size_t>(h.n) * sizeof(float));
+      if (h.staged) space_->copy_async(owned_values(*h.slot), h.values, static_cast<std::size_t>(h.n) * sizeof(float));
     }
     grad_factor_ = 1.0f;
     if (stage_ == 1 || stage_ == 2) gather_parameters();
@@ -265,7 +294,7 @@ class ZeroOptimizer {
         Slot& s = slot(*p);
         if (p->value.empty()) {
           p->value = Tensor(s.shape, memory::Category::Parameters);
-          widen(s.stored.data(), p->value.numel(), p->value.span().data());
+          load(s.stored.data(), p->value);
         }
         ++s.refs;
       }
@@ -316,11 +345,7 @@ class ZeroOptimizer {
   void partition_after_checkpoint(bool loaded) {
     for (auto& s : slots_) {
       if (loaded && mixed) std::copy_n(s.p->value.span().data() + s.range.begin, s.range.valid(), s.master.span().data());
-      if (loaded && transient_values()) {
-        const bool slice = stage_ == 3;
-        narrow(s.p->value.span().data() + (slice ? s.range.begin : 0), slice ? s.range.valid() : s.p->value.numel(),
-               s.stored.data());
-      }
+      if (loaded && transient_values()) store(s);
       if (mixed) s.p->value = Tensor{};
     }
     if (stage_ == 3 && !mixed) release(parameters());
@@ -347,9 +372,6 @@ class ZeroOptimizer {
   Comm& group(std::size_t i) { return slots_.at(i).buckets->group(); }
 
  private:
-  template <class E>
-  using Buffer = std::vector<E, memory::CountingAllocator<E>>;
-
   struct Slot {
     model::Parameter* p = nullptr;
     bool offloaded = false;          // moments (and master) in host memory, updated by the CPU
@@ -358,7 +380,8 @@ class ZeroOptimizer {
     Shape shape;                     // the whole local shape
     Tensor exp_avg, exp_avg_sq;      // the owned slice (whole at stage 0)
     Tensor master;                   // mixed precision: fp32 master weights of the owned slice
-    Buffer<T> stored;                // stage 3: the owned slice; mixed precision: the whole shard below stage 3
+    SpaceBuffer<T> stored;           // stage 3: the owned slice; mixed precision: the whole shard below stage 3
+    SpaceBuffer<float> staged_values, staged_gradient;  // offloaded fp32 in a space: the CPU's copies (pinned)
     SpaceArray<float> weights;       // ownership weights of the whole local shard (empty: all owned), where the gradients are
     int refs = 0;                    // stage 3: acquired parts reading the parameter
   };
@@ -368,51 +391,52 @@ class ZeroOptimizer {
   void update(B b, Slot& s, float* values, const float* g, std::int64_t n, float lr) {
     adamw_update(b, n, values, g, s.exp_avg.data(), s.exp_avg_sq.data(), lr, config_.beta1, config_.beta2,
                  config_.eps, s.p->weight_decay ? config_.weight_decay : 0.0f, step_);
-    if constexpr (mixed) narrow(s.master.span().data(), n, s.stored.data() + (stage_ == 3 ? 0 : s.range.begin));
+    if constexpr (mixed)
+      narrow(s.master.span().data(), n,
+             s.stored.host_span("16-bit parameter storage").data() + (stage_ == 3 ? 0 : s.range.begin));
   }
 
-  // An offloaded slot's update inputs in host memory: the owned values and the fp32 gradient,
-  // copied out of their memory space when they are in one (Workspace).
+  // An offloaded slot's update inputs in host memory: the owned values and the fp32 gradient.
   struct HostStep {
     Slot* slot = nullptr;
     std::int64_t n = 0;
     float* values = nullptr;
     const float* gradient = nullptr;
-    MemorySpace* value_space = nullptr;  // where the values go back to (null: updated in place)
-    Buffer<float> value_copy, gradient_copy;
-    Tensor wide;                         // mixed precision: the widened gradient
+    bool staged = false;  // values and gradient are the slot's host copies (fp32 in a space)
+    Tensor wide;          // mixed precision: the widened gradient
   };
+  // Host memory or mixed precision: the values and gradient as they are (the master slice and
+  // the widened gradient). fp32 in a space: their copies into the slot's pinned host buffers,
+  // enqueued (read them after space_->synchronize()).
   HostStep stage_to_host(Slot& s) {
     HostStep h;
     h.slot = &s;
     const std::span<const float> g = fp32_gradient(s, h.wide);
     h.n = static_cast<std::int64_t>(g.size());
     h.values = owned_values(s);
+    h.gradient = g.data();
+    if (mixed || !space_) return h;
     const auto bytes = static_cast<std::size_t>(h.n) * sizeof(float);
-    // Only fp32 below stage 3 reads the parameter itself (and at stage 0 its gradient) in
-    // place; the other cases update host buffers already.
-    if (!mixed && stage_ < 3 && !s.p->value.on_host()) {
-      h.value_space = s.p->value.space();
-      h.value_copy = Buffer<float>(g.size(), 0.0f, memory::CountingAllocator<float>(memory::Category::Workspace));
-      h.value_space->copy(h.value_copy.data(), h.values, bytes);
-      h.values = h.value_copy.data();
-    }
-    h.gradient = host_gradient(s, g, h.gradient_copy).data();
+    space_->copy_async(s.staged_values.data(), h.values, bytes);
+    space_->copy_async(s.staged_gradient.data(), h.gradient, bytes);
+    h.values = s.staged_values.data();
+    h.gradient = s.staged_gradient.data();
+    h.staged = true;
     return h;
   }
-  // s's fp32 gradient g in host memory: g itself, or (fp32 at stage 0, where g is the
-  // parameter's gradient, in another memory space) a copy in `copy` (Workspace).
-  std::span<const float> host_gradient(Slot& s, std::span<const float> g, Buffer<float>& copy) {
-    if (mixed || stage_ != 0 || s.p->grad.on_host()) return g;
-    copy = Buffer<float>(g.size(), 0.0f, memory::CountingAllocator<float>(memory::Category::Workspace));
-    s.p->grad.copy_to_host(copy);
-    return copy;
+  // An fp32 gradient g in host memory: g itself, or (fp32 in a memory space: the parameter's
+  // gradient at stage 0, the buckets' reduced slice from stage 1) a copy in `copy` (Workspace).
+  std::span<const float> host_gradient(std::span<const float> g, SpaceBuffer<float>& copy) {
+    if (mixed || !space_) return g;
+    copy = SpaceBuffer<float>(g.size(), memory::Category::Workspace, nullptr);
+    copy_elements(space_, copy.data(), g.data(), g.size());
+    return copy.raw_span();
   }
 
   // A background all-gather of one parameter's slices (stage 3).
   struct Gather {
     Slot* slot = nullptr;
-    Buffer<T> all;  // N x slice, rank-major
+    SpaceBuffer<T> all;  // N x slice, rank-major
     comm::Work work;
   };
 
@@ -438,6 +462,11 @@ class ZeroOptimizer {
 
   // Whether Parameter::value exists only while acquired (stage 3, mixed precision).
   bool transient_values() const { return stage_ == 3 || mixed; }
+  // Where the buffers in T live: space_ in fp32; host memory for 16-bit values, which are
+  // rounded and widened on the host.
+  MemorySpace* buffer_space() const { return mixed ? nullptr : space_; }
+  // Where offloaded state lives: the space's pinned host memory, or ordinary host memory.
+  MemorySpace* host_space() const { return space_ ? space_->pinned_host() : nullptr; }
 
   // The elements the update writes: the master slice (mixed), the stored slice (stage 3) or the
   // parameter's owned elements.
@@ -445,42 +474,66 @@ class ZeroOptimizer {
     if constexpr (mixed) return s.master.data();
     else return stage_ == 3 ? s.stored.data() : s.p->value.data() + s.range.begin;
   }
-  // The whole local shard that stages 1 and 2 all-gather into.
+  // The whole local shard that stages 1 and 2 all-gather into, in space_.
   T* whole_values(Slot& s) {
     if constexpr (mixed) return s.stored.data();
-    else return s.p->value.span().data();  // host loops only: span() throws for other spaces
+    else return s.p->value.data();
   }
   static void narrow(const float* in, std::int64_t n, T* out) {
     std::transform(in, in + n, out, [](float x) { return T(x); });
   }
-  static void widen(const T* in, std::int64_t n, float* out) {
-    std::transform(in, in + n, out, [](T x) { return static_cast<float>(x); });
+  // Stores the part of s's fp32 values kept between uses (the owned slice at stage 3, else the
+  // whole shard) in s.stored: copied in space_ (fp32), rounded on the host (mixed precision).
+  void store(Slot& s) {
+    const bool slice = stage_ == 3;
+    const std::int64_t begin = slice ? s.range.begin : 0, n = slice ? s.range.valid() : s.p->value.numel();
+    if constexpr (mixed)
+      narrow(s.p->value.span().data() + begin, n, s.stored.host_span("16-bit parameter storage").data());
+    else copy_elements(space_, s.stored.data(), s.p->value.data() + begin, static_cast<std::size_t>(n));
+  }
+  // Fills `out` (fp32, in space_) from `in` (its elements in T, in space_): copied, or widened on
+  // the host (mixed precision).
+  void load(const T* in, Tensor& out) {
+    if constexpr (mixed) {
+      const std::span<float> o = out.span();
+      std::transform(in, in + o.size(), o.begin(), [](T x) { return static_cast<float>(x); });
+    } else {
+      copy_elements(space_, out.data(), in, static_cast<std::size_t>(out.numel()));
+    }
   }
 
-  // Starts all-gathering every parameter of `part` that is not whole yet.
+  // Starts all-gathering every parameter of `part` that is not whole yet (every buffer
+  // allocated first: an allocation that fails leaves no gather in flight).
   std::vector<Gather> start_gather(const std::vector<model::Parameter*>& part) {
     std::vector<Gather> out;
     for (auto* p : part) {
       Slot& s = slot(*p);
       if (!p->value.empty() || std::any_of(out.begin(), out.end(), [&](const Gather& g) { return g.slot == &s; }))
         continue;
-      Comm& group = s.buckets->group();
-      Gather& g = out.emplace_back();
-      g.slot = &s;
-      g.all = Buffer<T>(static_cast<std::size_t>(s.range.size * group.size()),
-                        memory::CountingAllocator<T>(memory::Category::Communication));
-      g.work = group.all_gather_async(std::span<const T>(s.stored), std::span<T>(g.all));
+      const auto n = static_cast<std::size_t>(s.range.size * s.buckets->group().size());
+      out.push_back(Gather{&s, SpaceBuffer<T>(n, memory::Category::Communication, buffer_space()), {}});
     }
+    for (auto& g : out)
+      g.work =
+          g.slot->buckets->group().all_gather_async(std::span<const T>(g.slot->stored.raw_span()), g.all.raw_span());
     return out;
   }
-  // Waits for the gathers and makes their parameters whole (unless something else did).
-  static void finish_gather(std::vector<Gather>& gathers) {
-    for (auto& g : gathers) {
-      g.work.wait();
-      model::Parameter& p = *g.slot->p;
-      if (!p.value.empty()) continue;
-      p.value = Tensor(g.slot->shape, memory::Category::Parameters);
-      widen(g.all.data(), p.value.numel(), p.value.span().data());
+  // Waits for the gathers and makes their parameters whole (unless something else did). When
+  // that throws (a failed peer, an allocation), the buffers of gathers perhaps still in flight
+  // go to comm::detail::keep_until_exit.
+  void finish_gather(std::vector<Gather>& gathers) {
+    try {
+      for (auto& g : gathers) {
+        g.work.wait();
+        model::Parameter& p = *g.slot->p;
+        if (!p.value.empty()) continue;
+        p.value = Tensor(g.slot->shape, memory::Category::Parameters);
+        load(g.all.data(), p.value);
+      }
+    } catch (...) {
+      for (auto& g : gathers) comm::detail::keep_until_exit(std::move(g.all));
+      gathers.clear();
+      throw;
     }
     gathers.clear();
   }
@@ -496,27 +549,27 @@ class ZeroOptimizer {
   void gather_parameters() {
     struct Out {
       Slot* slot;
-      Buffer<T> mine, all;
+      SpaceBuffer<T> mine, all;
       comm::Work work;
     };
     std::vector<Out> outs;
     outs.reserve(slots_.size());
     for (auto& s : slots_) {
-      const int n = s.buckets->group().size();
-      Out& o = outs.emplace_back(Out{&s, Buffer<T>(static_cast<std::size_t>(s.range.size),
-                                                   memory::CountingAllocator<T>(memory::Category::Communication)),
-                                     Buffer<T>(static_cast<std::size_t>(s.range.size * n),
-                                               memory::CountingAllocator<T>(memory::Category::Communication)),
-                                     {}});
-      std::copy_n(whole_values(s) + s.range.begin, s.range.valid(), o.mine.begin());
-      o.work = s.buckets->group().all_gather_async(std::span<const T>(o.mine), std::span<T>(o.all));
+      const auto n = static_cast<std::size_t>(s.buckets->group().size()), slice = static_cast<std::size_t>(s.range.size);
+      outs.push_back(Out{&s, SpaceBuffer<T>(slice, memory::Category::Communication, buffer_space()),
+                         SpaceBuffer<T>(slice * n, memory::Category::Communication, buffer_space()), {}});
     }
-    try {
+    try {  // every buffer allocated first: an allocation that fails leaves no gather in flight
+      for (auto& o : outs) {
+        Slot& s = *o.slot;
+        copy_elements(space_, o.mine.data(), whole_values(s) + s.range.begin, static_cast<std::size_t>(s.range.valid()));
+        o.work = s.buckets->group().all_gather_async(std::span<const T>(o.mine.raw_span()), o.all.raw_span());
+      }
       for (auto& o : outs) {
         o.work.wait();
-        std::copy_n(o.all.begin(), numel(o.slot->shape), whole_values(*o.slot));
+        copy_elements(space_, whole_values(*o.slot), o.all.data(), static_cast<std::size_t>(numel(o.slot->shape)));
       }
-    } catch (...) {  // a peer failed: others may still read `mine` or write `all`
+    } catch (...) {  // a peer or a copy failed: others may still read `mine` or write `all`
       for (auto& o : outs) {
         comm::detail::keep_until_exit(std::move(o.mine));
         comm::detail::keep_until_exit(std::move(o.all));
@@ -528,17 +581,18 @@ class ZeroOptimizer {
   // The whole local tensor of a partitioned buffer (slices all-gathered over the group).
   static Tensor whole(Slot& s, const Tensor& slice) {
     Comm& group = s.buckets->group();
-    Buffer<float> all(static_cast<std::size_t>(s.range.size * group.size()), 0.0f,
-                      memory::CountingAllocator<float>(memory::Category::Communication));
-    group.all_gather(std::span<const float>(slice.span()), std::span<float>(all));
+    SpaceBuffer<float> all(static_cast<std::size_t>(s.range.size * group.size()), memory::Category::Communication,
+                           nullptr);
+    group.all_gather(std::span<const float>(slice.span()), all.host_span("the master weights' all-gather"));
     Tensor out(s.shape, memory::Category::OptimizerState);
-    std::copy_n(all.begin(), out.numel(), out.span().data());
+    std::copy_n(all.raw_span().begin(), out.numel(), out.span().data());
     return out;
   }
 
   AdamWConfig config_;
   int stage_;
   Comm* data_;
+  MemorySpace* space_;  // the current memory space at construction: where fp32 values, gradients and buffers live
   std::vector<Slot> slots_;
   std::unordered_map<const model::Parameter*, std::size_t> index_;
   std::vector<Gather> prefetch_;

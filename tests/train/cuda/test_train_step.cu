@@ -2,7 +2,7 @@
 // model's parameters, gradients, activations and optimizer state live in device memory
 // (MemorySpaceScope(memory_space(Cuda))), every op is the CUDA one. One rank, and TP=2 / DP=2
 // with two ranks sharing the one GPU through StagingComm (the shared-device path), both
-// against the Host backend at TP1/DP1.
+// against the Host backend at TP1/DP1; and ZeRO stages 1-3 at DP=2 the same way.
 // Tolerance 1e-5 relative (issue 7's bound): the two backends differ only in summation order
 // (cuBLAS's fp32 GEMM, pure fp32 without TF32, against OpenBLAS; fp64 row sums on both) and fused
 // multiply-adds, about 1e-7 relative per op; three Adam steps keep that far below 1e-5, as the
@@ -40,7 +40,7 @@ struct Run {
 // Trains `steps` steps at TP x DP on Backend; the ranks share the calling process's current
 // device and communicate through StagingComm (a pass-through for host tensors).
 template <class Backend>
-Run train_run(int steps, int tp = 1, int dp = 1, double offload_ratio = 0.0, bool flash = false) {
+Run train_run(int steps, int tp = 1, int dp = 1, double offload_ratio = 0.0, bool flash = false, int zero_stage = 0) {
   using Comm = comm::StagingComm<comm::ThreadComm>;
   using P = Policy<Backend, Comm>;
   auto config = test::small_model();
@@ -48,6 +48,7 @@ Run train_run(int steps, int tp = 1, int dp = 1, double offload_ratio = 0.0, boo
   const auto& data = test::shakespeare(config.seq_length);
   train::TrainConfig tc = test::small_train_config(8, steps);
   tc.offload_ratio = offload_ratio;
+  tc.zero_stage = zero_stage;
   Run out;
   std::mutex mu;
   comm::launch(tp * dp, [&](comm::ThreadComm& world) {
@@ -66,6 +67,7 @@ Run train_run(int steps, int tp = 1, int dp = 1, double offload_ratio = 0.0, boo
       r.device_parameter_bytes = memory::device_snapshot()[memory::Category::Parameters].live;
       r.device_state_bytes = memory::device_snapshot()[memory::Category::OptimizerState].live;
     }
+    trainer.optimizer().gather_for_checkpoint();  // ZeRO stage 3: the whole parameters (collective)
     if (world.rank() != 0) return;
     std::lock_guard lk(mu);
     out = std::move(r);
@@ -111,6 +113,19 @@ TEST_CASE("TP=2 and DP=2 on one GPU through the shared-device path equal TP1 wit
     check_steps(gpu, tp1);
     if (tp > 1) continue;  // DP: rank 0 holds every parameter whole
     for (const auto& [name, want] : tp1.params) {
+      CAPTURE(name);
+      CHECK(test::relative_error(gpu.params.at(name), want) <= 1e-5);
+    }
+  }
+}
+
+TEST_CASE("ZeRO stages 1-3 at DP=2 on one GPU (device payloads and slices, through StagingComm) equal DP1 within 1e-5") {
+  const Run dp1 = train_run<backend::Host>(3);
+  for (int stage : {1, 2, 3}) {
+    CAPTURE(stage);
+    const Run gpu = train_run<backend::Cuda>(3, 1, 2, stage == 3 ? 0.5 : 0.0, false, stage);  // stage 3: half offloaded
+    check_steps(gpu, dp1);
+    for (const auto& [name, want] : dp1.params) {
       CAPTURE(name);
       CHECK(test::relative_error(gpu.params.at(name), want) <= 1e-5);
     }
