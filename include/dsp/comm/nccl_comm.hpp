@@ -3,7 +3,11 @@
 // (created from a ThreadComm group) or processes (from an MpiComm): the unique id is made by
 // rank 0 and broadcast over that group, then every rank joins with ncclCommInitRank.
 //
-// Buffers are device memory. Ordering, as in PyTorch's ProcessGroupNCCL: every operation is
+// Buffers are device memory. The blocking forms also take host memory (the host-side values a
+// trainer reduces besides tensors: loss sums, gradient norms, token counts): such a span is
+// copied to a device buffer on the compute stream, the operation runs on it, the result is
+// copied back, and the call waits for the compute stream. The asynchronous forms throw
+// CommError for host memory. Ordering, as in PyTorch's ProcessGroupNCCL: every operation is
 // enqueued on the communicator's own stream after the work enqueued so far on the compute
 // stream (the one given at creation: the ops' Cuda{stream}), through an event. The blocking
 // forms then make the compute stream's later work wait for the operation (an event again) and
@@ -41,6 +45,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -145,10 +150,13 @@ class NcclComm {
   /// data [n] = the op over every rank's data [n], in place.
   template <class T>
   void all_reduce(std::span<T> data, ReduceOp op = ReduceOp::Sum) {
-    all_reduce_async(data, op).wait();
+    DeviceView d(data, compute_);
+    all_reduce_async(d.span(), op).wait();
+    d.finish();
   }
   template <class T>
   Work all_reduce_async(std::span<T> data, ReduceOp op = ReduceOp::Sum) {
+    device_only("all_reduce", data.data());
     return enqueue("all_reduce", [&](cudaStream_t s) {
       DSP_NCCL_CHECK(state_->comm, ncclAllReduce(data.data(), data.data(), data.size(), detail::nccl_type<T>(),
                                           detail::nccl_op(op), state_->comm, s));
@@ -159,10 +167,15 @@ class NcclComm {
   /// in.size() != size * out.size().
   template <class T>
   void reduce_scatter(std::span<const T> in, std::span<T> out, ReduceOp op = ReduceOp::Sum) {
-    reduce_scatter_async(in, out, op).wait();
+    DeviceView i(in, compute_);
+    DeviceView o(out, compute_);
+    reduce_scatter_async(i.span(), o.span(), op).wait();
+    o.finish();
+    i.finish();
   }
   template <class T>
   Work reduce_scatter_async(std::span<const T> in, std::span<T> out, ReduceOp op = ReduceOp::Sum) {
+    device_only("reduce_scatter", in.data(), out.data());
     check_blocks("reduce_scatter", in.size(), out.size());
     return enqueue("reduce_scatter", [&](cudaStream_t s) {
       DSP_NCCL_CHECK(state_->comm, ncclReduceScatter(in.data(), out.data(), out.size(), detail::nccl_type<T>(),
@@ -174,10 +187,15 @@ class NcclComm {
   /// size * in.size().
   template <class T>
   void all_gather(std::span<const T> in, std::span<T> out) {
-    all_gather_async(in, out).wait();
+    DeviceView i(in, compute_);
+    DeviceView o(out, compute_);
+    all_gather_async(i.span(), o.span()).wait();
+    o.finish();
+    i.finish();
   }
   template <class T>
   Work all_gather_async(std::span<const T> in, std::span<T> out) {
+    device_only("all_gather", in.data(), out.data());
     check_blocks("all_gather", out.size(), in.size());
     return enqueue("all_gather", [&](cudaStream_t s) {
       DSP_NCCL_CHECK(state_->comm, ncclAllGather(in.data(), out.data(), in.size(), detail::nccl_type<T>(), state_->comm, s));
@@ -187,10 +205,13 @@ class NcclComm {
   /// data [n] = root's data [n] on every rank.
   template <class T>
   void broadcast(std::span<T> data, int root) {
-    broadcast_async(data, root).wait();
+    DeviceView d(data, compute_);
+    broadcast_async(d.span(), root).wait();
+    d.finish();
   }
   template <class T>
   Work broadcast_async(std::span<T> data, int root) {
+    device_only("broadcast", data.data());
     return enqueue("broadcast", [&](cudaStream_t s) {
       DSP_NCCL_CHECK(state_->comm,
                      ncclBroadcast(data.data(), data.data(), data.size(), detail::nccl_type<T>(), root, state_->comm, s));
@@ -201,10 +222,13 @@ class NcclComm {
   /// ignored, NCCL has none).
   template <class T>
   void send(std::span<const T> data, int dst, int tag = 0) {
-    send_async(data, dst, tag).wait();
+    DeviceView d(data, compute_);
+    send_async(d.span(), dst, tag).wait();
+    d.finish();
   }
   template <class T>
   Work send_async(std::span<const T> data, int dst, int /*tag*/ = 0) {
+    device_only("send", data.data());
     return enqueue("send", [&](cudaStream_t s) {
       DSP_NCCL_CHECK(state_->comm, ncclSend(data.data(), data.size(), detail::nccl_type<T>(), dst, state_->comm, s));
     });
@@ -212,10 +236,13 @@ class NcclComm {
   /// Receives data from rank src (see send).
   template <class T>
   void recv(std::span<T> data, int src, int tag = 0) {
-    recv_async(data, src, tag).wait();
+    DeviceView d(data, compute_);
+    recv_async(d.span(), src, tag).wait();
+    d.finish();
   }
   template <class T>
   Work recv_async(std::span<T> data, int src, int /*tag*/ = 0) {
+    device_only("recv", data.data());
     return enqueue("recv", [&](cudaStream_t s) {
       DSP_NCCL_CHECK(state_->comm, ncclRecv(data.data(), data.size(), detail::nccl_type<T>(), src, state_->comm, s));
     });
@@ -240,6 +267,7 @@ class NcclComm {
                  "all_to_all_v: counts (", send_counts.size(), " and ", recv_counts.size(), " entries, sums ",
                  total(send_counts), " and ", total(recv_counts), ") do not match ", size_, " ranks and buffers of ",
                  in.size(), " and ", out.size(), " elements");
+    device_only("all_to_all_v", in.data(), out.data());
     return enqueue("all_to_all_v", [&](cudaStream_t s) {
       DSP_NCCL_CHECK(state_->comm, ncclGroupStart());
       struct GroupEnd {  // closes the group also when a call inside it throws
@@ -360,6 +388,43 @@ class NcclComm {
     DSP_CHECK_AS(CommError, whole == block * std::size_t(size_), op, ": ", whole, " elements are not ", size_,
                  " blocks of ", block);
   }
+
+  /// Whether p is host memory (pageable or pinned); null (an empty span) is not.
+  static bool host_memory(const void* p) { return p && !backend::device_pointer(p); }
+  /// Throws CommError naming op when a buffer is host memory (the asynchronous forms).
+  static void device_only(const char* op, const void* a, const void* b = nullptr) {
+    DSP_CHECK_AS(CommError, !host_memory(a) && !host_memory(b), "NcclComm ", op,
+                 "_async: a buffer is host memory; NCCL reads device memory (the blocking form stages host memory)");
+  }
+
+  /// A span as NCCL can take it in a blocking operation: the span itself in device memory, or a
+  /// device copy of host memory (Communication) filled on the compute stream; finish(), after
+  /// the operation's wait(), copies the copy back (unless T is const) and waits for the
+  /// compute stream.
+  template <class T>
+  class DeviceView {
+   public:
+    DeviceView(std::span<T> s, cudaStream_t compute) : host_(s), view_(s), compute_(compute) {
+      if (!host_memory(s.data())) return;
+      copy_ = backend::DeviceBuffer<std::remove_const_t<T>>(backend::Cuda{compute}, s.size(),
+                                                            memory::Category::Communication);
+      DSP_CUDA_CHECK(cudaMemcpyAsync(copy_.data(), s.data(), s.size_bytes(), cudaMemcpyHostToDevice, compute));
+      view_ = std::span<T>(copy_.data(), s.size());
+    }
+    std::span<T> span() const { return view_; }
+    void finish() {
+      if (!copy_.data()) return;
+      if constexpr (!std::is_const_v<T>)
+        DSP_CUDA_CHECK(
+            cudaMemcpyAsync(host_.data(), copy_.data(), host_.size_bytes(), cudaMemcpyDeviceToHost, compute_));
+      DSP_CUDA_CHECK(cudaStreamSynchronize(compute_));
+    }
+
+   private:
+    std::span<T> host_, view_;
+    cudaStream_t compute_;
+    backend::DeviceBuffer<std::remove_const_t<T>> copy_;
+  };
 
   /// The communication stream's next work waits for the compute stream's work so far.
   void order_after_compute() {

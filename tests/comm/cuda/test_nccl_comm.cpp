@@ -1,6 +1,7 @@
 // NcclComm on one GPU: a communicator of one rank (NCCL refuses two ranks on one device), so
 // every collective is the identity or a copy, checked exactly; plus the ordering against a
-// delayed compute stream, Works that outlive a move, split, and the errors for bad sizes.
+// delayed compute stream, Works that outlive a move, split, host memory through the blocking
+// forms, and the errors for bad sizes.
 // Reductions across ranks are tested in test_nccl_multi_gpu (two GPUs or more).
 #include <doctest/doctest.h>
 
@@ -86,6 +87,35 @@ TEST_CASE("NcclComm of one rank: every collective on device memory, ordered on t
                          "all_gather: 11 elements are not 1 blocks of 10", dsp::CommError);
     CHECK_THROWS_AS(moved.split(-1, 0), dsp::CommError);
     CHECK_THROWS_AS(nccl.barrier(), dsp::CommError);  // moved-from: empty
+  });
+}
+
+TEST_CASE("NcclComm blocking operations take host memory through a device copy; the async forms refuse it") {
+  dsp::comm::launch(1, [](ThreadComm& world) {
+    DSP_CUDA_CHECK(cudaSetDevice(0));
+    dsp::backend::Stream compute;
+    const Cuda b = compute.backend();
+    NcclComm nccl = NcclComm::create(world, b);
+    // outputs start at zero, so a result not copied back is seen
+    const std::vector<double> in{1.5, -2.0, 3.25};
+    std::vector<double> gathered(3, 0.0), scattered(3, 0.0);
+    nccl.all_gather(std::span<const double>(in), std::span<double>(gathered));
+    CHECK(gathered == in);
+    nccl.reduce_scatter(std::span<const double>(gathered), std::span<double>(scattered));
+    CHECK(scattered == in);
+    // host in, device out and the reverse
+    DeviceBuffer<double> d(b, 3);
+    nccl.all_gather(std::span<const double>(in), std::span<double>(d.data(), 3));
+    CHECK(to_host(b, d.data(), 3) == in);
+    std::vector<double> back(3, 0.0);
+    nccl.all_gather(std::span<const double>(d.data(), 3), std::span<double>(back));
+    CHECK(back == in);
+    std::vector<std::int64_t> counts{7, -1};
+    nccl.all_reduce(std::span(counts), dsp::comm::ReduceOp::Max);
+    nccl.broadcast(std::span(counts), 0);
+    CHECK(counts == std::vector<std::int64_t>{7, -1});
+    CHECK_THROWS_WITH_AS(nccl.all_reduce_async(std::span(counts)), doctest::Contains("host memory"), dsp::CommError);
+    CHECK_THROWS_AS(nccl.all_gather_async(std::span<const double>(in), std::span<double>(d.data(), 3)), dsp::CommError);
   });
 }
 

@@ -39,6 +39,10 @@ TEST_CASE("NcclComm on every GPU (up to 4): all_reduce, all_gather, reduce_scatt
     nccl.all_reduce(std::span<float>(d.data(), len));
     const auto sum = to_host(b, d.data(), len);
     for (std::size_t i = 0; i < len; ++i) CHECK(sum[i] == float(n) * float(i) + float(n * (n - 1) / 2));
+    // the same sum of host memory (a trainer's loss sums and norms), staged through the device
+    std::vector<double> host_sum{double(r), 1.0};
+    nccl.all_reduce(std::span(host_sum));
+    CHECK(host_sum == std::vector<double>{double(n * (n - 1) / 2), double(n)});
     // Max and Min (async, waited for), and a bf16 sum of small integers (exact in bf16).
     auto mx = on_device(b, x), mn = on_device(b, x);
     dsp::comm::Work wmax = nccl.all_reduce_async(std::span<float>(mx.data(), len), dsp::comm::ReduceOp::Max);
