@@ -6,15 +6,16 @@
 // Buffers are device memory. The blocking forms also take host memory (the host-side values a
 // trainer reduces besides tensors: loss sums, gradient norms, token counts): such a span is
 // copied to a device buffer on the compute stream, the operation runs on it, the result is
-// copied back, and the call waits for the compute stream. The asynchronous forms throw
+// copied back, and the call waits for the compute stream (polling for NCCL's asynchronous errors,
+// as barrier() does: a peer that failed ends the wait). The asynchronous forms throw
 // CommError for host memory. Ordering, as in PyTorch's ProcessGroupNCCL: every operation is
 // enqueued on the communicator's own stream after the work enqueued so far on the compute
 // stream (the one given at creation: the ops' Cuda{stream}), through an event. The blocking
 // forms then make the compute stream's later work wait for the operation (an event again) and
 // return without blocking the host: the result is ready for every later op on the compute
 // stream, and to_host() of it waits as usual. The `*_async` forms return a Work whose wait()
-// does that step, and whose test() asks whether the operation finished. barrier() alone blocks
-// the host, until every rank arrived. Buffers must stay alive until the compute stream passed
+// does that step, and whose test() asks whether the operation finished. Only barrier() and the
+// blocking forms given host memory block the host. Buffers must stay alive until the compute stream passed
 // the operation; the communicator must outlive its Works.
 //
 // Who calls what (NCCL's rules): every collective is called by all ranks in the same order with
@@ -81,6 +82,7 @@ constexpr ncclDataType_t nccl_type() {
   else if constexpr (std::is_same_v<T, std::int32_t>) return ncclInt32;
   else if constexpr (std::is_same_v<T, std::int64_t>) return ncclInt64;
   else if constexpr (std::is_same_v<T, std::uint8_t>) return ncclUint8;
+  else if constexpr (std::is_same_v<T, char> || std::is_same_v<T, std::int8_t>) return ncclInt8;
   else static_assert(sizeof(T) == 0, "NcclComm: no NCCL type for this element type");
 }
 
@@ -150,7 +152,7 @@ class NcclComm {
   /// data [n] = the op over every rank's data [n], in place.
   template <class T>
   void all_reduce(std::span<T> data, ReduceOp op = ReduceOp::Sum) {
-    DeviceView d(data, compute_);
+    DeviceView d(data, *this);
     all_reduce_async(d.span(), op).wait();
     d.finish();
   }
@@ -167,8 +169,8 @@ class NcclComm {
   /// in.size() != size * out.size().
   template <class T>
   void reduce_scatter(std::span<const T> in, std::span<T> out, ReduceOp op = ReduceOp::Sum) {
-    DeviceView i(in, compute_);
-    DeviceView o(out, compute_);
+    DeviceView i(in, *this);
+    DeviceView o(out, *this);
     reduce_scatter_async(i.span(), o.span(), op).wait();
     o.finish();
     i.finish();
@@ -187,8 +189,8 @@ class NcclComm {
   /// size * in.size().
   template <class T>
   void all_gather(std::span<const T> in, std::span<T> out) {
-    DeviceView i(in, compute_);
-    DeviceView o(out, compute_);
+    DeviceView i(in, *this);
+    DeviceView o(out, *this);
     all_gather_async(i.span(), o.span()).wait();
     o.finish();
     i.finish();
@@ -205,7 +207,7 @@ class NcclComm {
   /// data [n] = root's data [n] on every rank.
   template <class T>
   void broadcast(std::span<T> data, int root) {
-    DeviceView d(data, compute_);
+    DeviceView d(data, *this);
     broadcast_async(d.span(), root).wait();
     d.finish();
   }
@@ -222,7 +224,7 @@ class NcclComm {
   /// ignored, NCCL has none).
   template <class T>
   void send(std::span<const T> data, int dst, int tag = 0) {
-    DeviceView d(data, compute_);
+    DeviceView d(data, *this);
     send_async(d.span(), dst, tag).wait();
     d.finish();
   }
@@ -236,7 +238,7 @@ class NcclComm {
   /// Receives data from rank src (see send).
   template <class T>
   void recv(std::span<T> data, int src, int tag = 0) {
-    DeviceView d(data, compute_);
+    DeviceView d(data, *this);
     recv_async(d.span(), src, tag).wait();
     d.finish();
   }
@@ -255,7 +257,11 @@ class NcclComm {
   template <class T>
   void all_to_all_v(std::span<const T> in, std::vector<std::int64_t> send_counts, std::span<T> out,
                     std::vector<std::int64_t> recv_counts) {
-    all_to_all_v_async(in, std::move(send_counts), out, std::move(recv_counts)).wait();
+    DeviceView i(in, *this);
+    DeviceView o(out, *this);
+    all_to_all_v_async(i.span(), std::move(send_counts), o.span(), std::move(recv_counts)).wait();
+    o.finish();
+    i.finish();
   }
   template <class T>
   Work all_to_all_v_async(std::span<const T> in, std::vector<std::int64_t> send_counts, std::span<T> out,
@@ -307,18 +313,7 @@ class NcclComm {
     DSP_NCCL_CHECK(comm, ncclAllReduce(token.data(), token.data(), 1, ncclInt32, ncclSum, comm, state_->stream.get()));
     backend::Event done(false);
     done.record(state_->stream.backend());
-    const auto deadline = std::chrono::steady_clock::now() + default_timeout();
-    while (!done.query()) {
-      state_->check_async_error();
-      if (std::chrono::steady_clock::now() > deadline) {
-        state_->abort();
-        throw TimeoutError(dsp::detail::concat("NcclComm barrier: rank ", rank(), " waited more than ",
-                                               std::chrono::duration<double>(default_timeout()).count(),
-                                               " s for its peers; communicator aborted"));
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
-    }
-    state_->check_async_error();
+    wait_host("barrier", done);
   }
 
   /// Collective: ranks with the same colour (>= 0, else CommError) form a new communicator,
@@ -397,32 +392,53 @@ class NcclComm {
                  "_async: a buffer is host memory; NCCL reads device memory (the blocking form stages host memory)");
   }
 
+  /// Blocks the host until `done` completed, polling NCCL's asynchronous errors (a peer that
+  /// failed: CommError); past default_timeout() (DSP_COMM_TIMEOUT_S) aborts the communicator
+  /// and throws TimeoutError naming op.
+  void wait_host(const char* op, const backend::Event& done) {
+    const auto deadline = std::chrono::steady_clock::now() + default_timeout();
+    while (!done.query()) {
+      state_->check_async_error();
+      if (std::chrono::steady_clock::now() > deadline) {
+        state_->abort();
+        throw TimeoutError(dsp::detail::concat("NcclComm ", op, ": rank ", rank(), " waited more than ",
+                                               std::chrono::duration<double>(default_timeout()).count(),
+                                               " s for its peers; communicator aborted"));
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    state_->check_async_error();
+  }
+
   /// A span as NCCL can take it in a blocking operation: the span itself in device memory, or a
   /// device copy of host memory (Communication) filled on the compute stream; finish(), after
   /// the operation's wait(), copies the copy back (unless T is const) and waits for the
-  /// compute stream.
+  /// compute stream (wait_host).
   template <class T>
   class DeviceView {
    public:
-    DeviceView(std::span<T> s, cudaStream_t compute) : host_(s), view_(s), compute_(compute) {
+    DeviceView(std::span<T> s, NcclComm& comm) : host_(s), view_(s), comm_(comm) {
       if (!host_memory(s.data())) return;
-      copy_ = backend::DeviceBuffer<std::remove_const_t<T>>(backend::Cuda{compute}, s.size(),
+      copy_ = backend::DeviceBuffer<std::remove_const_t<T>>(backend::Cuda{comm.compute_}, s.size(),
                                                             memory::Category::Communication);
-      DSP_CUDA_CHECK(cudaMemcpyAsync(copy_.data(), s.data(), s.size_bytes(), cudaMemcpyHostToDevice, compute));
+      DSP_CUDA_CHECK(
+          cudaMemcpyAsync(copy_.data(), s.data(), s.size_bytes(), cudaMemcpyHostToDevice, comm.compute_));
       view_ = std::span<T>(copy_.data(), s.size());
     }
     std::span<T> span() const { return view_; }
     void finish() {
       if (!copy_.data()) return;
       if constexpr (!std::is_const_v<T>)
-        DSP_CUDA_CHECK(
-            cudaMemcpyAsync(host_.data(), copy_.data(), host_.size_bytes(), cudaMemcpyDeviceToHost, compute_));
-      DSP_CUDA_CHECK(cudaStreamSynchronize(compute_));
+        DSP_CUDA_CHECK(cudaMemcpyAsync(host_.data(), copy_.data(), host_.size_bytes(), cudaMemcpyDeviceToHost,
+                                       comm_.compute_));
+      backend::Event done(false);
+      done.record(backend::Cuda{comm_.compute_});
+      comm_.wait_host("a blocking operation on host memory", done);
     }
 
    private:
     std::span<T> host_, view_;
-    cudaStream_t compute_;
+    NcclComm& comm_;
     backend::DeviceBuffer<std::remove_const_t<T>> copy_;
   };
 

@@ -222,8 +222,9 @@ void for_each_shard_row(const ShardedTensor& spec, int tp, int rank, Fn fn) {
 }
 
 /// The local shard of `global` (shape spec.global_shape) for TP rank `rank` of `tp`;
-/// padding is zero. Host tensors: the shard is made in host memory; throws Error when global
-/// has the wrong shape or is not on the host.
+/// padding is zero. A replicated tensor is returned as it is, wherever it lives; a split one
+/// must be on the host and its shard is made in host memory. Throws Error when global has the
+/// wrong shape or is split and not on the host.
 inline Tensor shard_of(const ShardedTensor& spec, const Tensor& global, int tp, int rank) {
   DSP_CHECK(global.shape() == spec.global_shape, spec.name, ": global tensor has shape ",
             shape_str(global.shape()), ", expected ", shape_str(spec.global_shape));
@@ -237,9 +238,10 @@ inline Tensor shard_of(const ShardedTensor& spec, const Tensor& global, int tp, 
   return local;
 }
 
-/// Writes the elements of `local` (rank `rank`'s shard) into their places in `global`. Host
-/// tensors: `global` is made in host memory when its shape is not the global one; throws Error
-/// when local has the wrong shape or either is not on the host.
+/// Writes the elements of `local` (rank `rank`'s shard) into their places in `global` (made in
+/// host memory when its shape is not the global one). A replicated `local` is assigned as it
+/// is, wherever it lives; a split one must be on the host, as `global`. Throws Error when local
+/// has the wrong shape or is split and either is not on the host.
 inline void unshard_into(const ShardedTensor& spec, const Tensor& local, int tp, int rank, Tensor& global) {
   DSP_CHECK(local.shape() == spec.local_shape(tp), spec.name, ": shard has shape ", shape_str(local.shape()),
             ", expected ", shape_str(spec.local_shape(tp)));

@@ -31,17 +31,24 @@
 namespace dsp::train {
 
 namespace detail {
-// While it lives, every parameter's fp32 values are whole (ZeroOptimizer::gather_for_checkpoint);
-// at its end, also when an exception unwinds, partitioned again, taking the whole values when
-// `loaded`.
+// While it lives, every parameter's fp32 values are whole (ZeroOptimizer::gather_for_checkpoint).
+// take_loaded() partitions them again taking the (loaded) whole values: it copies, possibly in
+// device memory, so its errors propagate from there, not from a destructor. Otherwise (also
+// when that or anything before it throws) its end partitions them again, discarding them.
 template <class Optimizer>
 struct WholeParameters {
   explicit WholeParameters(Optimizer& o) : optimizer(o) { optimizer.gather_for_checkpoint(); }
-  ~WholeParameters() { optimizer.partition_after_checkpoint(loaded); }
+  ~WholeParameters() {
+    if (!partitioned) optimizer.partition_after_checkpoint(false);
+  }
   WholeParameters(const WholeParameters&) = delete;
   WholeParameters& operator=(const WholeParameters&) = delete;
+  void take_loaded() {
+    optimizer.partition_after_checkpoint(true);
+    partitioned = true;
+  }
   Optimizer& optimizer;
-  bool loaded = false;
+  bool partitioned = false;
 };
 
 // Calls f(spec, begin, n, moment) for both AdamW moments of optimizer parameter i: the spec is
@@ -188,7 +195,7 @@ void load_checkpoint(const std::filesystem::path& dir, Trainer<Policy>& t) {
     detail::WholeParameters whole(opt);
     checkpoint::load_into(reader, checkpoint::parameter_state(t.state_parameters(), checkpoint::StateUse::Load), tp,
                           tp_rank);
-    whole.loaded = true;
+    whole.take_loaded();
   }
   for (std::size_t i = 0; i < opt.parameters().size(); ++i)
     detail::for_each_moment(opt, i, [&](const ShardedTensor& spec, std::int64_t begin, std::int64_t n, Tensor& moment) {

@@ -80,8 +80,9 @@ struct TrainConfig {
   int zero_stage = 0;
   /// Fraction of the optimizer state kept in host memory (a device's pinned host memory) and
   /// updated by the CPU while the device updates the rest (zero::ZeroOptimizer's
-  /// offload_ratio; Megatron's --optimizer-offload-fraction). On the Host backend it changes
-  /// nothing: the state is in host memory already.
+  /// offload_ratio; Megatron's --optimizer-offload-fraction). In host memory it changes no
+  /// value and no place: the state is there already (in a space with pinned host memory, as
+  /// tests' GuardedSpace, it moves there).
   double offload_ratio = 0.0;
   /// Dynamic loss scaling (null: none; with precision::Fp16Mixed LossScalerConfig's defaults): the backward starts from the
   /// loss times the scale, the reduced gradients are multiplied by 1 / scale, and a step whose

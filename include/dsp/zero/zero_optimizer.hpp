@@ -362,7 +362,8 @@ class ZeroOptimizer {
   }
   /// First and second moments of the part of parameter i this rank owns: of its whole local
   /// shape at stage 0; from stage 1 [range(i).size], the slice's range(i).valid() elements
-  /// first, then zero padding.
+  /// first, then zero padding. In the current space, or for offloaded state in its pinned
+  /// host memory (which Tensor's host accessors refuse too: copy with the space).
   Tensor& exp_avg(std::size_t i) { return slots_.at(i).exp_avg; }
   Tensor& exp_avg_sq(std::size_t i) { return slots_.at(i).exp_avg_sq; }
   /// The slice of parameter i this rank owns (the whole parameter at stage 0).
@@ -503,7 +504,8 @@ class ZeroOptimizer {
   }
 
   // Starts all-gathering every parameter of `part` that is not whole yet (every buffer
-  // allocated first: an allocation that fails leaves no gather in flight).
+  // allocated first: an allocation that fails leaves no gather in flight; a start that fails
+  // leaves the buffers of those started to comm::detail::keep_until_exit).
   std::vector<Gather> start_gather(const std::vector<model::Parameter*>& part) {
     std::vector<Gather> out;
     for (auto* p : part) {
@@ -513,9 +515,14 @@ class ZeroOptimizer {
       const auto n = static_cast<std::size_t>(s.range.size * s.buckets->group().size());
       out.push_back(Gather{&s, SpaceBuffer<T>(n, memory::Category::Communication, buffer_space()), {}});
     }
-    for (auto& g : out)
-      g.work =
-          g.slot->buckets->group().all_gather_async(std::span<const T>(g.slot->stored.raw_span()), g.all.raw_span());
+    try {
+      for (auto& g : out)
+        g.work =
+            g.slot->buckets->group().all_gather_async(std::span<const T>(g.slot->stored.raw_span()), g.all.raw_span());
+    } catch (...) {  // the gathers started before the failing one may still be in flight
+      for (auto& g : out) comm::detail::keep_until_exit(std::move(g.all));
+      throw;
+    }
     return out;
   }
   // Waits for the gathers and makes their parameters whole (unless something else did). When

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <numeric>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -90,7 +91,7 @@ TEST_CASE("NcclComm of one rank: every collective on device memory, ordered on t
   });
 }
 
-TEST_CASE("NcclComm blocking operations take host memory through a device copy; the async forms refuse it") {
+TEST_CASE("NcclComm blocking operations (all_to_all_v and char broadcasts too) take host memory through a device copy; the async forms refuse it") {
   dsp::comm::launch(1, [](ThreadComm& world) {
     DSP_CUDA_CHECK(cudaSetDevice(0));
     dsp::backend::Stream compute;
@@ -114,6 +115,13 @@ TEST_CASE("NcclComm blocking operations take host memory through a device copy; 
     nccl.all_reduce(std::span(counts), dsp::comm::ReduceOp::Max);
     nccl.broadcast(std::span(counts), 0);
     CHECK(counts == std::vector<std::int64_t>{7, -1});
+    std::string text = "ckpt.tmp";  // chars, as save_checkpoint broadcasts its staging path
+    nccl.broadcast(std::span(text.data(), text.size()), 0);
+    CHECK(text == "ckpt.tmp");
+    const std::vector<float> sent{1.0f, 2.0f};
+    std::vector<float> received(2, 0.0f);
+    nccl.all_to_all_v(std::span<const float>(sent), {2}, std::span<float>(received), {2});
+    CHECK(received == sent);
     CHECK_THROWS_WITH_AS(nccl.all_reduce_async(std::span(counts)), doctest::Contains("host memory"), dsp::CommError);
     CHECK_THROWS_AS(nccl.all_gather_async(std::span<const double>(in), std::span<double>(d.data(), 3)), dsp::CommError);
   });
