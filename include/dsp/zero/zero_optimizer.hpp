@@ -154,13 +154,13 @@ class ZeroOptimizer {
   ZeroOptimizer(const ZeroOptimizer&) = delete;
   ZeroOptimizer& operator=(const ZeroOptimizer&) = delete;
   /// Waits for a prefetch still in flight and for the space's copies back into the parameters
-  /// of offloaded slots (they read pinned buffers freed here). While an exception unwinds this rank (its peers may
-  /// never join that all-gather, or the communicator aborted it while a peer still copies) it
-  /// does not wait: the prefetch buffers and every slice and moment go to a process-lifetime
+  /// of offloaded slots (they read pinned buffers freed here). While an exception unwinds this
+  /// rank (its peers may never join that all-gather, or the communicator aborted it while a
+  /// peer still copies) it does not wait: the prefetch buffers and every slice and moment go to a process-lifetime
   /// store (comm::detail::keep_until_exit) for the communicator to finish or abort on.
   ~ZeroOptimizer() {
     if (std::uncaught_exceptions() > 0) {  // peers may still read our slices or write our buffers
-      for (auto& g : prefetch_) comm::detail::keep_until_exit(std::move(g.all));
+      abandon(prefetch_);
       comm::detail::keep_until_exit(std::move(slots_));
       return;
     }
@@ -520,7 +520,7 @@ class ZeroOptimizer {
         g.work =
             g.slot->buckets->group().all_gather_async(std::span<const T>(g.slot->stored.raw_span()), g.all.raw_span());
     } catch (...) {  // the gathers started before the failing one may still be in flight
-      for (auto& g : out) comm::detail::keep_until_exit(std::move(g.all));
+      abandon(out);
       throw;
     }
     return out;
@@ -538,10 +538,14 @@ class ZeroOptimizer {
         load(g.all.data(), p.value);
       }
     } catch (...) {
-      for (auto& g : gathers) comm::detail::keep_until_exit(std::move(g.all));
-      gathers.clear();
+      abandon(gathers);
       throw;
     }
+    gathers.clear();
+  }
+  // Forgets gathers perhaps still in flight, their buffers kept until process exit.
+  static void abandon(std::vector<Gather>& gathers) {
+    for (auto& g : gathers) comm::detail::keep_until_exit(std::move(g.all));
     gathers.clear();
   }
   // Waits for a prefetch nobody asked for and forgets it.
