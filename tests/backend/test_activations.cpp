@@ -9,6 +9,8 @@
 #include "dsp/backend/host/swiglu.hpp"
 #include "gradcheck.hpp"
 
+namespace backend_activations_test {
+
 using dsp::backend::Host;
 using dsp::test::kGradTol;
 using dsp::test::max_grad_error;
@@ -104,3 +106,5 @@ TEST_CASE("swiglu is silu(gate) * up over the [gate | up] halves, gradients matc
   swiglu_backward(Host{}, gate_up.data(), r.data(), tokens, ffn, dgate_up.data());
   CHECK(max_grad_error(gate_up, dgate_up, loss) < kGradTol);
 }
+
+}  // namespace backend_activations_test

@@ -9,6 +9,8 @@
 #include "dsp/backend/host/flash_attention.hpp"
 #include "gradcheck.hpp"
 
+namespace backend_attention_test {
+
 using dsp::backend::Host;
 using dsp::test::kGradTol;
 using dsp::test::max_grad_error;
@@ -225,3 +227,5 @@ TEST_CASE("flash attention equals the materialising op across query tiles, forwa
   CHECK(max_rel_diff(f_dk, wide(dk)) < 1e-5);
   CHECK(max_rel_diff(f_dv, wide(dv)) < 1e-5);
 }
+
+}  // namespace backend_attention_test

@@ -8,6 +8,8 @@
 #include "dsp/backend/host/embedding.hpp"
 #include "gradcheck.hpp"
 
+namespace backend_embedding_ce_test {
+
 using dsp::backend::Host;
 using dsp::test::kGradTol;
 using dsp::test::max_grad_error;
@@ -156,3 +158,5 @@ TEST_CASE("vocab-parallel cross-entropy over two ranks equals the single-rank re
   CHECK(std::isinf(m[1][0]));
   CHECK(m[1][0] < 0);
 }
+
+}  // namespace backend_embedding_ce_test

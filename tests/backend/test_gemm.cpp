@@ -14,6 +14,8 @@
 #include "dsp/core/threads.hpp"
 #include "gradcheck.hpp"
 
+namespace backend_gemm_test {
+
 using dsp::backend::Host;
 using dsp::test::kGradTol;
 using dsp::test::max_grad_error;
@@ -172,3 +174,5 @@ TEST_CASE("elementwise ops and reductions") {
   const double small = double(1e-2f) * double(1e-2f) * ((1 << 20) - 1);
   CHECK(std::abs(sum_squares(Host{}, std::int64_t(big.size()), big.data(), nullptr) - (1e8 + small)) < 1.0);
 }
+
+}  // namespace backend_gemm_test

@@ -7,6 +7,8 @@
 #include "dsp/backend/host/rope.hpp"
 #include "gradcheck.hpp"
 
+namespace backend_norm_rope_test {
+
 using dsp::backend::Host;
 using dsp::test::kGradTol;
 using dsp::test::max_grad_error;
@@ -109,3 +111,5 @@ TEST_CASE("rope_backward matches finite differences, and the forward rotation as
   rope_forward(Host{}, r.data(), c.positions.data(), c.tokens, c.heads, c.head_dim, c.theta, dx.data());
   CHECK(max_grad_error(x, dx, loss) > 10 * kGradTol);
 }
+
+}  // namespace backend_norm_rope_test

@@ -10,6 +10,8 @@
 #include "fixture.hpp"
 
 using namespace checkpoint_test;
+
+namespace checkpoint_atomic_dir_test {
 using dsp::checkpoint::AtomicDir;
 using dsp::checkpoint::read_text;
 using dsp::checkpoint::write_text;
@@ -64,3 +66,5 @@ TEST_CASE("a directory that is not a checkpoint is never replaced") {
                        dsp::CheckpointError);
   CHECK(std::filesystem::exists(target / "sub" / "notes.txt"));
 }
+
+}  // namespace checkpoint_atomic_dir_test

@@ -17,6 +17,8 @@
 using namespace checkpoint_test;
 using namespace dsp::checkpoint;
 
+namespace checkpoint_merge_test {
+
 namespace {
 
 // Rows [begin, begin + count) of a 2-D tensor.
@@ -170,3 +172,5 @@ TEST_CASE("merge splits fused tensors into Hugging Face parts and drops padding 
   CHECK(std::distance(fs::directory_iterator(tmp / "hf"), fs::directory_iterator()) == 2);
   CHECK(tmp.names().size() == 2);
 }
+
+}  // namespace checkpoint_merge_test

@@ -21,6 +21,8 @@
 #include "fixture.hpp"
 
 using namespace checkpoint_test;
+
+namespace checkpoint_partition_test {
 using dsp::CheckpointError;
 using namespace dsp::checkpoint;
 
@@ -145,3 +147,5 @@ TEST_CASE("partitions that leave a gap or overlap are refused at save; a missing
   }
   for (const auto& name : tmp.names()) CHECK_MESSAGE(name == "ckpt", name);  // nothing half-written stays
 }
+
+}  // namespace checkpoint_partition_test

@@ -11,6 +11,8 @@
 using namespace checkpoint_test;
 using namespace dsp::checkpoint;
 
+namespace checkpoint_reshard_test {
+
 TEST_CASE("reshard TP2 -> TP4 -> TP1 is exact and keeps model_config, iteration and extra") {
   TempDir tmp;
   const auto specs = fake_specs();
@@ -55,3 +57,5 @@ TEST_CASE("reshard to a TP the model cannot be split into fails before writing a
   CHECK_THROWS_AS(reshard(tmp / "tp2", tmp / "dp0", 2, 0), dsp::ConfigError);
   CHECK(tmp.names() == std::vector<std::string>{"tp2"});
 }
+
+}  // namespace checkpoint_reshard_test

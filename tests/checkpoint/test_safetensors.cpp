@@ -11,6 +11,8 @@
 #include "fixture.hpp"
 
 using namespace checkpoint_test;
+
+namespace checkpoint_safetensors_test {
 using dsp::CheckpointError;
 using dsp::checkpoint::read_safetensors;
 using dsp::checkpoint::write_safetensors;
@@ -117,3 +119,5 @@ TEST_CASE("malformed safetensors files throw CheckpointError naming the file") {
 
   CHECK_THROWS_AS(read_safetensors(tmp / "missing.safetensors"), CheckpointError);
 }
+
+}  // namespace checkpoint_safetensors_test

@@ -11,6 +11,8 @@
 #include "fixture.hpp"
 
 using namespace checkpoint_test;
+
+namespace checkpoint_save_load_test {
 using dsp::CheckpointError;
 using dsp::ConfigError;
 using namespace dsp::checkpoint;
@@ -222,3 +224,5 @@ TEST_CASE("a failing save leaves the existing checkpoint intact and no temporary
   CHECK(load_manifest(dir).meta.iteration == 1234);
   check_loads_exactly(dir, specs, globals, 2);
 }
+
+}  // namespace checkpoint_save_load_test

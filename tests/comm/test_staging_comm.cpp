@@ -16,6 +16,8 @@
 
 using namespace dsp;
 
+namespace comm_staging_comm_test {
+
 namespace {
 
 // ThreadComm that checks every span it gets is outside `space` (the staged host buffers).
@@ -160,3 +162,5 @@ TEST_CASE("StagingComm outside a memory space passes host spans straight through
     CHECK(unused.allocations == 0);
   });
 }
+
+}  // namespace comm_staging_comm_test

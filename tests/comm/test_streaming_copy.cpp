@@ -8,6 +8,8 @@
 
 #include "dsp/comm/detail/streaming_copy.hpp"
 
+namespace comm_streaming_copy_test {
+
 TEST_CASE("streaming_copy writes exactly the bytes of the source, at any alignment and length") {
   // Destination guard bytes (0xee) around the copied range must stay untouched.
   std::vector<std::uint8_t> src(4096 + 64), dst(4096 + 128);
@@ -25,3 +27,5 @@ TEST_CASE("streaming_copy writes exactly the bytes of the source, at any alignme
       }
   CHECK(wrong == 0);
 }
+
+}  // namespace comm_streaming_copy_test

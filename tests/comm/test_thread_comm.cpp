@@ -16,6 +16,8 @@
 #include "dsp/comm/launch.hpp"
 #include "dsp/core/dtype.hpp"
 
+namespace comm_thread_comm_test {
+
 using dsp::bf16;
 using dsp::fp16;
 using dsp::comm::launch;
@@ -663,3 +665,5 @@ TEST_CASE("an abort during a large all_reduce lets every rank of it finish with 
                               }),
                        "rank two broke", std::runtime_error);
 }
+
+}  // namespace comm_thread_comm_test

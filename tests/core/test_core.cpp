@@ -11,6 +11,8 @@
 #include "dsp/core/rng.hpp"
 #include "dsp/core/tensor.hpp"
 
+namespace core_core_test {
+
 using dsp::bf16;
 using dsp::fp16;
 
@@ -143,3 +145,5 @@ TEST_CASE("Tensor shapes, reshape and divide name the numbers") {
   CHECK(dsp::divide(12, 4) == 3);
   CHECK_THROWS_WITH_AS(dsp::divide(10, 4, "hidden size"), "hidden size (10) is not divisible by 4", dsp::ConfigError);
 }
+
+}  // namespace core_core_test

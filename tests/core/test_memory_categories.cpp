@@ -12,6 +12,8 @@
 #include "dsp/core/tensor.hpp"
 
 using namespace dsp;
+
+namespace core_memory_categories_test {
 using memory::Category;
 
 namespace {
@@ -130,3 +132,5 @@ TEST_CASE("memory categories: each thread has its own counters and its own curre
   CHECK(other_gradients == 40);
   CHECK(memory::live_bytes() == before.total.live);  // nothing of the other thread counted here
 }
+
+}  // namespace core_memory_categories_test

@@ -9,6 +9,8 @@
 
 using namespace dsp;
 
+namespace core_memory_space_test {
+
 TEST_CASE("a tensor made inside a MemorySpaceScope lives in that space; host accessors refuse it") {
   test::GuardedSpace space;
   {
@@ -74,3 +76,5 @@ TEST_CASE("SpaceArray copies index arrays into the space; with no space it keeps
   CHECK(std::vector<std::int32_t>(on_host.data(), on_host.data() + 5) == ids);
   CHECK(space.counters[memory::Category::Workspace].live == 20);
 }
+
+}  // namespace core_memory_space_test

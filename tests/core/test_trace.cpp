@@ -19,6 +19,8 @@
 
 namespace trace = dsp::trace;
 
+namespace core_trace_test {
+
 namespace {
 
 // Records the calling thread's rank for the scope of a test, starting from no events.
@@ -259,3 +261,5 @@ TEST_CASE("write_chrome_trace(world, path) with ThreadComm: every rank once, not
   CHECK(complete == 2 * ranks);  // two spans per rank, each once
   CHECK(min_ts == 0.0);          // ts counts from the earliest event
 }
+
+}  // namespace core_trace_test

@@ -7,6 +7,8 @@
 
 #include "dsp/dp/data_sampler.hpp"
 
+namespace dp_data_sampler_test {
+
 using dsp::dp::DataSampler;
 
 TEST_CASE("an epoch hands out distinct windows, the same number to every DP rank") {
@@ -53,3 +55,5 @@ TEST_CASE("restoring the state continues the same sequence") {
   b.set_state(a.state());
   for (int i = 0; i < 5; ++i) CHECK(a.next_global_batch() == b.next_global_batch());
 }
+
+}  // namespace dp_data_sampler_test

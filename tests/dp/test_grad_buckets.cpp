@@ -19,6 +19,8 @@
 #include "../train/small_model.hpp"
 
 using namespace dsp;
+
+namespace dp_grad_buckets_test {
 using P = Policy<backend::Host, comm::ThreadComm>;
 
 namespace {
@@ -290,3 +292,5 @@ TEST_CASE("bucket size does not change the result; bf16 transport stays close to
   CHECK(half.losses.back() == doctest::Approx(one.losses.back()).epsilon(1e-2));
   CHECK(half.params != one.params);
 }
+
+}  // namespace dp_grad_buckets_test

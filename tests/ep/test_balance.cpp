@@ -14,6 +14,8 @@
 #include "dsp/ep/router.hpp"
 #include "spaced_logits.hpp"
 
+namespace ep_balance_test {
+
 using dsp::ConfigError;
 using dsp::ep::DropPolicy;
 using dsp::ep::RouterConfig;
@@ -193,3 +195,5 @@ TEST_CASE("sequence aux loss rejects a token count that is not whole sequences")
   CHECK_THROWS_AS(dsp::ep::sequence_aux_loss_backward(c, r, 4, 0.1f, 1.0f, dz), dsp::Error);
   CHECK(dsp::ep::sequence_aux_loss(dsp::ep::route(c, std::vector<float>{}), 4, 0.1f) == 0.0f);
 }
+
+}  // namespace ep_balance_test

@@ -51,6 +51,8 @@
 #include "dsp/policy.hpp"
 
 using namespace dsp;
+
+namespace ep_moe_layer_test {
 using P = Policy<backend::Host, comm::ThreadComm>;
 using Moe = ep::MoELayer<P>;
 using ep::ScoreFunction;
@@ -647,3 +649,5 @@ TEST_CASE("MoE layer: experts not divisible by the expert-parallel size throw Co
     CHECK(dispatcher.find("number of experts (6) is not divisible by expert-model-parallel-size (4)") != std::string::npos);
   });
 }
+
+}  // namespace ep_moe_layer_test

@@ -12,6 +12,8 @@
 #include "dsp/ep/router.hpp"
 #include "spaced_logits.hpp"
 
+namespace ep_router_test {
+
 using dsp::ConfigError;
 using dsp::ep::RouterConfig;
 using dsp::ep::Routing;
@@ -238,3 +240,5 @@ TEST_CASE("capacity_drop refuses a kept slot whose expert is out of range, befor
   CHECK(dsp::backend::capacity_drop(dsp::backend::Host{}, chosen.data(), 2, 2, 3, 1, true, weights.data(),
                                     kept.data(), dropped.data()) == 0);
 }
+
+}  // namespace ep_router_test

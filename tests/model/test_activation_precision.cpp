@@ -20,6 +20,8 @@
 #include "dsp/policy.hpp"
 
 using namespace dsp;
+
+namespace model_activation_precision_test {
 using model::ActivationPrecision;
 
 namespace {
@@ -134,3 +136,5 @@ TEST_CASE("a 16-bit training forward keeps exactly half the activation bytes of 
       });
     }
 }
+
+}  // namespace model_activation_precision_test

@@ -24,6 +24,8 @@
 #include "dsp/policy.hpp"
 
 using namespace dsp;
+
+namespace model_model_gradients_test {
 using P = Policy<backend::Host, comm::ThreadComm>;
 
 namespace {
@@ -96,3 +98,5 @@ TEST_CASE("model gradients match central finite differences, TP1/TP2/TP4, tied a
   for (bool tied : {false, true})
     for (int tp : {1, 2, 4}) check_gradients(tp, tied);
 }
+
+}  // namespace model_model_gradients_test

@@ -12,6 +12,8 @@
 
 using namespace dsp;
 
+namespace parallel_parallel_test {
+
 TEST_CASE("ParallelLayout fills in the data-parallel size and names the numbers when it cannot") {
   CHECK(ParallelLayout{.tensor = 2}.resolved(8).data == 4);
   CHECK(ParallelLayout{.tensor = 2, .pipeline = 2}.resolved(8).data == 2);
@@ -106,3 +108,5 @@ TEST_CASE("vocabulary padding rows are marked -1 and stay zero") {
   const Tensor last = shard_of(spec, global, 4, 2);
   CHECK(last.values() == Tensor::Storage{3.0f, 3.0f, 0.0f, 0.0f});
 }
+
+}  // namespace parallel_parallel_test

@@ -21,6 +21,8 @@
 #include "dsp/serve/kv_cache.hpp"
 
 using namespace dsp;
+
+namespace plan_ledger_test {
 using P = Policy<backend::Host, comm::ThreadComm>;
 
 namespace {
@@ -231,3 +233,5 @@ TEST_CASE("Korthikanti et al. eq. 2 at t = 1 is s b h (34 + 5 a s / h); selectiv
         doctest::Approx(sbh * (10 + 24.0 / 8)));
   CHECK(plan::korthikanti_layer_bytes(s, b, h, a, 8, plan::RecomputeGranularity::Full) == doctest::Approx(2 * sbh));
 }
+
+}  // namespace plan_ledger_test

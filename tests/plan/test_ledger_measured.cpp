@@ -25,6 +25,8 @@
 #include "../train/small_model.hpp"
 
 using namespace dsp;
+
+namespace plan_ledger_measured_test {
 using memory::Category;
 using P = Policy<backend::Host, comm::ThreadComm>;
 
@@ -170,3 +172,5 @@ TEST_CASE("ledger vs measured: parameters + gradients + optimizer state per rank
   zero_state_vs_ledger<Policy<backend::Host, comm::ThreadComm, precision::Bf16Mixed>>(plan::Precision::Bf16Mixed);
   zero_state_vs_ledger<Policy<backend::Host, comm::ThreadComm, precision::Fp16Mixed>>(plan::Precision::Fp16Mixed);
 }
+
+}  // namespace plan_ledger_measured_test

@@ -39,6 +39,8 @@
 #include "../train/small_model.hpp"
 
 using namespace dsp;
+
+namespace plan_ledger_peak_test {
 using P = Policy<backend::Host, comm::ThreadComm>;
 
 namespace {
@@ -121,3 +123,5 @@ TEST_CASE("ledger vs measured peak of a training step within 10% on every rank (
     }
   }
 }
+
+}  // namespace plan_ledger_peak_test

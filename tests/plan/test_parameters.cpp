@@ -21,6 +21,8 @@
 #include "dsp/zero/zero_optimizer.hpp"
 
 using namespace dsp;
+
+namespace plan_parameters_test {
 using P = Policy<backend::Host, comm::ThreadComm>;
 
 namespace {
@@ -161,3 +163,5 @@ TEST_CASE("ledger parameters equal an MoE CausalLM's at TP 1/2 x EP 1/2 (experts
       });
     }
 }
+
+}  // namespace plan_parameters_test

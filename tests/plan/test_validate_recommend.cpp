@@ -16,6 +16,8 @@
 
 using namespace dsp;
 
+namespace plan_validate_recommend_test {
+
 namespace {
 
 model::ModelConfig load(const std::string& name) {
@@ -121,3 +123,5 @@ TEST_CASE("recommendations: TP inside a node dividing the heads, the first fits,
   CHECK(plan::recommend(plan_of(b, 1, 1, 1, 1, 512), {8, 8, 80'000'000'000}).front().plan.recompute.granularity ==
         plan::RecomputeGranularity::None);
 }
+
+}  // namespace plan_validate_recommend_test

@@ -17,6 +17,8 @@
 #include "../train/small_model.hpp"
 
 using namespace dsp;
+
+namespace pp_engine_test {
 using P = Policy<backend::Host, comm::ThreadComm>;
 
 namespace {
@@ -151,3 +153,5 @@ TEST_CASE("pipeline engine: 1F1B holds fewer activations than GPipe at p=4, m=16
     CHECK(2 * bytes["1f1b"][r] < bytes["gpipe"][r]);
   }
 }
+
+}  // namespace pp_engine_test

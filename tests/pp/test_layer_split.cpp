@@ -14,6 +14,8 @@
 #include "../train/small_model.hpp"
 
 using namespace dsp;
+
+namespace pp_layer_split_test {
 using P = Policy<backend::Host, comm::ThreadComm>;
 
 namespace {
@@ -104,3 +106,5 @@ TEST_CASE("pipeline layers: PipelineConfig derives virtual stages and refuses wh
   CHECK_THROWS_WITH_AS(c.stages(6, 2), "layer split has 3 entries for 2 pipeline stages (pipeline size x virtual stages)",
                        ConfigError);
 }
+
+}  // namespace pp_layer_split_test

@@ -17,6 +17,8 @@
 #include "../train/small_model.hpp"
 
 using namespace dsp;
+
+namespace pp_pipeline_checkpoint_test {
 using P = Policy<backend::Host, comm::ThreadComm>;
 
 namespace {
@@ -107,3 +109,5 @@ TEST_CASE("pipeline checkpoint: saved at PP=2, loaded at PP=1 and PP=4 (and PP=4
     std::filesystem::remove_all(dir4);
   }
 }
+
+}  // namespace pp_pipeline_checkpoint_test

@@ -8,6 +8,8 @@
 
 #include "dsp/pp/schedule.hpp"
 
+namespace pp_schedule_test {
+
 using dsp::ConfigError;
 using dsp::pp::Action;
 using dsp::pp::Op;
@@ -294,3 +296,5 @@ TEST_CASE("schedule: to_string and to_table") {
   bad.ranks.pop_back();
   CHECK_THROWS_AS(dsp::pp::to_table(bad), ConfigError);
 }
+
+}  // namespace pp_schedule_test

@@ -14,6 +14,8 @@
 #include "dsp/precision/loss_scaler.hpp"
 
 using namespace dsp;
+
+namespace precision_loss_scaler_test {
 using precision::DynamicLossScaler;
 using precision::LossScalerConfig;
 
@@ -235,3 +237,5 @@ TEST_CASE("state round trip through json resumes the same sequence") {
   CHECK_THROWS_WITH_AS(b.set_state({.scale = kNaN}), Contains("scale"), CheckpointError);
   CHECK_THROWS_WITH_AS(b.set_state({.scale = 4, .growth_tracker = -1}), Contains("growth_tracker"), CheckpointError);
 }
+
+}  // namespace precision_loss_scaler_test

@@ -30,6 +30,8 @@
 #include "../zero/run_result.hpp"
 
 using namespace dsp;
+
+namespace precision_mixed_precision_test {
 using Fp32 = Policy<backend::Host, comm::ThreadComm>;
 using Bf16 = Policy<backend::Host, comm::ThreadComm, precision::Bf16Mixed>;
 using Fp16 = Policy<backend::Host, comm::ThreadComm, precision::Fp16Mixed>;
@@ -192,3 +194,5 @@ TEST_CASE("Fp16Mixed scales the loss by default; mixed precision refuses the oth
                          ConfigError);
   });
 }
+
+}  // namespace precision_mixed_precision_test

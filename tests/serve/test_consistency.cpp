@@ -8,6 +8,8 @@
 
 using namespace dsp;
 
+namespace serve_consistency_test {
+
 TEST_CASE("consistency: max_abs_logit_diff") {
   const std::vector<Tensor> a{Tensor({1, 3}, {1.0f, 2.0f, 3.0f}), Tensor({2, 1}, {0.0f, -1.0f})};
   const std::vector<Tensor> b{Tensor({1, 3}, {1.0f, 2.5f, 3.0f}), Tensor({2, 1}, {0.0f, 0.25f})};
@@ -45,3 +47,5 @@ TEST_CASE("consistency: at least 8 fixed ASCII prompts of different lengths, 1 t
   CHECK(*lengths.rbegin() <= 64);
   CHECK(serve::default_prompts() == prompts);
 }
+
+}  // namespace serve_consistency_test

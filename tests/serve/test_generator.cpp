@@ -21,6 +21,8 @@
 #include "dsp/serve/generator.hpp"
 
 using namespace dsp;
+
+namespace serve_generator_test {
 using P = Policy<backend::Host, comm::ThreadComm>;
 using Tokens = std::vector<std::vector<std::int32_t>>;
 
@@ -199,3 +201,5 @@ TEST_CASE("generator: bad requests throw InputError") {
     CHECK(generator.generate({}, 4, {}).empty());
   });
 }
+
+}  // namespace serve_generator_test

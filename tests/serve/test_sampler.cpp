@@ -8,6 +8,8 @@
 #include "dsp/serve/sampler.hpp"
 
 using namespace dsp;
+
+namespace serve_sampler_test {
 using serve::SamplingParams;
 
 namespace {
@@ -132,3 +134,5 @@ TEST_CASE("non-finite logits are an error, not a crash") {
   p.temperature = 0.0f;
   CHECK_THROWS_AS(dsp::serve::sample_token(row, 3, p, 0, 0), dsp::Error);
 }
+
+}  // namespace serve_sampler_test

@@ -20,6 +20,8 @@
 #include "../relative_error.hpp"
 
 using namespace dsp;
+
+namespace tp_tp_layers_test {
 using P = Policy<backend::Host, comm::ThreadComm>;
 
 namespace {
@@ -107,3 +109,5 @@ TEST_CASE("vocab-parallel embedding and cross-entropy: padding never contributes
   CHECK(losses[1] == losses[0]);  // embedding lookups are exact copies on every layout
   CHECK(losses[2] == losses[0]);
 }
+
+}  // namespace tp_tp_layers_test

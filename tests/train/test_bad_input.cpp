@@ -8,6 +8,8 @@
 #include "dsp/train/trainer.hpp"
 
 using namespace dsp;
+
+namespace train_bad_input_test {
 using P = Policy<backend::Host, comm::ThreadComm>;
 
 namespace {
@@ -68,3 +70,5 @@ TEST_CASE("a global batch that micro-batch x DP does not divide names the number
                        "global batch size (micro batch size x data-parallel size = 6) (8) is not divisible by 6",
                        ConfigError);
 }
+
+}  // namespace train_bad_input_test

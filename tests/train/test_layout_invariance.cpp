@@ -21,6 +21,8 @@
 #include "small_train_config.hpp"
 
 using namespace dsp;
+
+namespace train_layout_invariance_test {
 using P = Policy<backend::Host, comm::ThreadComm>;
 
 namespace {
@@ -226,3 +228,5 @@ TEST_CASE("layout invariance: a DeepSeekMoE model gives the same losses at EP 1,
     }
   }
 }
+
+}  // namespace train_layout_invariance_test

@@ -20,6 +20,8 @@
 #include "small_model.hpp"
 
 using namespace dsp;
+
+namespace train_loss_scaling_test {
 using P = Policy<backend::Host, comm::ThreadComm>;
 
 namespace {
@@ -236,3 +238,5 @@ TEST_CASE("Fp16Mixed: activations past fp16's range make the loss infinite; the 
                        doctest::Contains("the loss itself is not finite, so the forward overflowed"), Error);
   CHECK(skipped == 9);
 }
+
+}  // namespace train_loss_scaling_test

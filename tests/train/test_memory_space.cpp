@@ -28,6 +28,8 @@
 
 using namespace dsp;
 
+namespace train_memory_space_test {
+
 namespace {
 
 struct Run {
@@ -265,3 +267,5 @@ TEST_CASE("checkpoints from and into the space: save after 2 steps, resume in a 
     check_bitwise(resumed, host);
   }
 }
+
+}  // namespace train_memory_space_test

@@ -24,6 +24,8 @@
 #include "small_model.hpp"
 
 using namespace dsp;
+
+namespace train_recompute_test {
 using P = Policy<backend::Host, comm::ThreadComm>;
 
 namespace {
@@ -209,3 +211,5 @@ TEST_CASE("recompute flags: bad names and group sizes throw ConfigError naming t
   CHECK_THROWS_WITH_AS(model::RecomputeConfig::from_names("full", "uniform", 0),
                        "--recompute-num-layers must be >= 1, got 0", ConfigError);
 }
+
+}  // namespace train_recompute_test

@@ -16,6 +16,8 @@
 #include "small_model.hpp"
 
 using namespace dsp;
+
+namespace train_resume_test {
 using P = Policy<backend::Host, comm::ThreadComm>;
 namespace fs = std::filesystem;
 
@@ -88,3 +90,5 @@ TEST_CASE("loading a checkpoint of another model config is refused with a clear 
                                     }),
                        doctest::Contains("another model config: rope_theta"), CheckpointError);
 }
+
+}  // namespace train_resume_test

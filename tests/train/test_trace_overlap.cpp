@@ -16,6 +16,8 @@
 #include "small_model.hpp"
 
 using namespace dsp;
+
+namespace train_trace_overlap_test {
 using P = Policy<backend::Host, comm::ThreadComm>;
 
 namespace {
@@ -75,3 +77,5 @@ TEST_CASE("the trace of a DP=2 run shows bucket all-reduces running during backw
   CHECK(off.bucket_reductions == on.bucket_reductions);  // the same buckets, reduced after backward
   CHECK(off.overlapped == 0);
 }
+
+}  // namespace train_trace_overlap_test

@@ -13,6 +13,8 @@
 
 using namespace dsp;
 
+namespace zero_optimizer_test {
+
 TEST_CASE("AdamW first step: bias-corrected m/sqrt(v) = sign(g), plus decoupled weight decay") {
   // step 1: m_hat = g, v_hat = g^2, so p -= lr * (g / (|g| + eps) + wd * p)
   comm::launch(1, [](comm::ThreadComm& world) {
@@ -63,3 +65,5 @@ TEST_CASE("the global gradient norm counts every element once at TP 1, 2 and 4")
       CHECK(n == doctest::Approx(std::sqrt(127.0)).epsilon(1e-6));
     });
 }
+
+}  // namespace zero_optimizer_test

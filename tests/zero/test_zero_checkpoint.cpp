@@ -27,6 +27,8 @@
 #include "run_result.hpp"
 
 using namespace dsp;
+
+namespace zero_zero_checkpoint_test {
 using P = Policy<backend::Host, comm::ThreadComm>;
 
 namespace {
@@ -201,3 +203,5 @@ TEST_CASE("ranks that own only padding of a small parameter save nothing of it a
   check_loads_exactly(config, dir, saved, {saver, Layout{.dp = 4, .zero = 2}, Layout{.dp = 1, .zero = 3}});
   std::filesystem::remove_all(dir);
 }
+
+}  // namespace zero_zero_checkpoint_test

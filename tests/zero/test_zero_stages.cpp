@@ -30,6 +30,8 @@
 #include "run_result.hpp"
 
 using namespace dsp;
+
+namespace zero_zero_stages_test {
 using P = Policy<backend::Host, comm::ThreadComm>;
 
 namespace {
@@ -197,3 +199,5 @@ TEST_CASE("a bad token id met by one rank during a ZeRO 3 step ends every rank w
                          doctest::Contains("outside the vocabulary"), InputError);
   }
 }
+
+}  // namespace zero_zero_stages_test
