@@ -17,6 +17,7 @@ packages=(
   zlib1g-dev           # checksums (crc32)
   libopenmpi-dev       # comm::MpiComm (DSP_ENABLE_MPI turns on when CMake finds MPI)
   openmpi-bin          # mpiexec: the MPI tests and `mpiexec -n N dsp-train`
+  ccache               # .ci/run's compiler cache (optional for other builds)
 )
 
 missing=()

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <string>
 
+#include "../data_dir.hpp"
 #include "dsp/plan/recommend.hpp"
 #include "dsp/plan/validate.hpp"
 
@@ -21,7 +22,7 @@ namespace plan_validate_recommend_test {
 namespace {
 
 model::ModelConfig load(const std::string& name) {
-  std::ifstream in(std::string(DSP_TEST_DATA_DIR) + "/../samples/configs/" + name);
+  std::ifstream in(test::data_dir() + "/../samples/configs/" + name);
   REQUIRE(in.good());
   return model::ModelConfig::from_hf_json(nlohmann::json::parse(in));
 }

@@ -6,6 +6,7 @@
 #include <mutex>
 #include <string>
 
+#include "../data_dir.hpp"
 #include "dsp/model/config.hpp"
 #include "dsp/train/token_dataset.hpp"
 
@@ -40,7 +41,7 @@ inline const train::TokenDataset& shakespeare(std::int64_t seq_length) {
   if (it == by_length.end())
     it = by_length
              .emplace(seq_length, train::TokenDataset::from_file(
-                                      std::string(DSP_TEST_DATA_DIR) + "/tinyshakespeare.txt", seq_length))
+                                      data_dir() + "/tinyshakespeare.txt", seq_length))
              .first;
   return it->second;
 }
