@@ -53,6 +53,7 @@
 #include <thread>
 #include <vector>
 
+#include "../tests/data_dir.hpp"
 #include "dsp/comm/launch.hpp"
 #include "dsp/parallel/device_mesh.hpp"
 #include "dsp/policy.hpp"
@@ -155,7 +156,7 @@ using HostPolicy = dsp::Policy<dsp::backend::Host, ThreadComm>;
 
 const dsp::train::TokenDataset& shakespeare(std::int64_t seq_length) {
   static const auto data = dsp::train::TokenDataset::from_file(
-      std::filesystem::path(__FILE__).parent_path().parent_path() / "data" / "tinyshakespeare.txt", seq_length);
+      dsp::test::data_dir() + "/tinyshakespeare.txt", seq_length);
   return data;
 }
 

@@ -24,6 +24,7 @@
 #include <chrono>
 #include <filesystem>
 
+#include "../tests/data_dir.hpp"
 #include "dsp/backend/cuda.hpp"
 #include "dsp/comm/launch.hpp"
 #include "dsp/plan/ledger.hpp"
@@ -53,7 +54,7 @@ void BM_train_step_cuda(benchmark::State& state, bool flash) {
   tc.global_batch_size = 4;
   tc.train_iters = 1000;
   const auto data = train::TokenDataset::from_file(
-      std::filesystem::path(__FILE__).parent_path().parent_path() / "data" / "tinyshakespeare.txt", config.seq_length);
+      dsp::test::data_dir() + "/tinyshakespeare.txt", config.seq_length);
   double seconds = 0.0;
   std::int64_t peak = 0;
   comm::launch(1, [&](comm::ThreadComm& world) {

@@ -28,6 +28,7 @@
 #include <filesystem>
 #include <vector>
 
+#include "../tests/data_dir.hpp"
 #include "dsp/backend/host.hpp"
 #include "dsp/comm/launch.hpp"
 #include "dsp/core/memory.hpp"
@@ -43,7 +44,7 @@ using dsp::memory::Category;
 
 const dsp::train::TokenDataset& shakespeare(std::int64_t seq_length) {
   static const auto data = dsp::train::TokenDataset::from_file(
-      std::filesystem::path(__FILE__).parent_path().parent_path() / "data" / "tinyshakespeare.txt", seq_length);
+      dsp::test::data_dir() + "/tinyshakespeare.txt", seq_length);
   return data;
 }
 
