@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -68,14 +69,23 @@ struct Spaces {
 // copies tensors of the space to host buffers around every operation). With a `checkpoint`
 // directory it saves there after `checkpoint_after` steps and goes on with a new trainer that
 // loaded it.
+// An MoE model (`moe`: its config and options) is split over ep expert-parallel ranks.
+struct MoeRun {
+  model::ModelConfig config;
+  ep::MoeOptions options;
+  int ep = 1;
+};
+
 template <class Comm = comm::ThreadComm>
 Run train_run(bool guarded, int tp, int pp, int dp, int steps, int zero_stage = 0, bool loss_scaling = false,
               double offload_ratio = 0.0, dp::GradReduceDType grad_reduce_dtype = dp::GradReduceDType::Fp32,
-              const std::filesystem::path& checkpoint = {}, int checkpoint_after = 0) {
+              const std::filesystem::path& checkpoint = {}, int checkpoint_after = 0,
+              const std::optional<MoeRun>& moe = std::nullopt) {
   using P = Policy<backend::Host, Comm>;
-  const auto config = test::small_model();
+  const auto config = moe ? moe->config : test::small_model();
   const auto& data = test::shakespeare(config.seq_length);
   train::TrainConfig tc = test::small_train_config(8, steps);
+  if (moe) tc.moe = moe->options;
   tc.zero_stage = zero_stage;
   if (loss_scaling) tc.loss_scaler.emplace();  // dynamic; an infinity is injected at step 2 (below)
   tc.offload_ratio = offload_ratio;
@@ -93,7 +103,7 @@ Run train_run(bool guarded, int tp, int pp, int dp, int steps, int zero_stage = 
         if constexpr (std::is_same_v<Comm, comm::ThreadComm>) return world.split(0, world.rank());
         else return Comm(world.split(0, world.rank()));
       }();
-      DeviceMesh mesh(rank_comm, ParallelLayout{.tensor = tp, .pipeline = pp, .data = dp});
+      DeviceMesh mesh(rank_comm, ParallelLayout{.tensor = tp, .pipeline = pp, .data = dp, .expert = moe ? moe->ep : 1});
       auto trainer_ptr = std::make_unique<train::Trainer<P>>(config, tc, mesh, data);
       Run r;
       int step = 0;
@@ -246,6 +256,41 @@ TEST_CASE("ZeRO stages 1-3 with half the optimizer state offloaded: the owned sl
     check_bitwise(offloaded, host);
     CHECK(offloaded.pinned_moment_bytes > 0);
     CHECK(offloaded.space_moment_bytes > 0);
+  }
+}
+
+TEST_CASE("DeepSeekMoE layers in the space: routing on the host from copied logits, token rows moved in the space; bitwise the host run") {
+  // Both routers of the layout-invariance test: softmax with renormalised weights, the aux loss
+  // and a capacity that drops tokens (DeepSeek-V2); sigmoid with the expert bias updated every
+  // step, group-limited (DeepSeek-V3). One rank, then TP=2 x EP=2 (DP=2) over ThreadComm and
+  // EP=2 x DP=2 through StagingComm (the all-to-alls staged through host copies).
+  using Staging = comm::StagingComm<comm::ThreadComm>;
+  for (bool v3 : {false, true}) {
+    CAPTURE(v3);
+    MoeRun moe{test::small_moe_model(), {}, 1};
+    if (v3) {
+      moe.config.moe_router_score_function = ep::ScoreFunction::Sigmoid;
+      moe.config.moe_router_enable_expert_bias = true;
+      moe.config.moe_router_num_groups = 4;
+      moe.config.moe_router_group_topk = 2;
+    } else {
+      moe.options.aux_loss_coeff = 0.01f;
+      moe.options.capacity_factor = 1.0f;
+    }
+    const auto run = [&](bool guarded, int tp, int dp, int ep, bool staged) {
+      MoeRun m = moe;
+      m.ep = ep;
+      return staged ? train_run<Staging>(guarded, tp, 1, dp, 3, 0, false, 0.0, dp::GradReduceDType::Fp32, {}, 0, m)
+                    : train_run(guarded, tp, 1, dp, 3, 0, false, 0.0, dp::GradReduceDType::Fp32, {}, 0, m);
+    };
+    for (auto [tp, dp, ep, staged] : {std::tuple{1, 1, 1, false}, std::tuple{2, 2, 2, false}, std::tuple{1, 2, 2, true}}) {
+      CAPTURE(tp);
+      CAPTURE(ep);
+      CAPTURE(staged);
+      const Run host = run(false, tp, dp, ep, false), guarded = run(true, tp, dp, ep, staged);
+      CHECK(guarded.every_parameter_in_space);
+      check_bitwise(guarded, host);
+    }
   }
 }
 

@@ -10,6 +10,11 @@
 // partial outputs are summed and all-reduced over TP once in forward (one all-reduce per
 // block, as Megatron's row-parallel output); backward all-reduces over TP twice: the gate
 // weights' gradient [tokens, k] (small) and the input gradient.
+// Where it runs: the router's GEMM, the experts and every move of token rows run where the
+// tensors live (the current memory space: a GPU's memory with backend::Cuda); the routing
+// decisions (scores, top-k, capacity, the aux loss and their backward) run on the host from a
+// copy of the logits [tokens, E] (tokens x E x 4 bytes per layer and micro-batch; the all-to-all
+// needs the per-expert counts on the host anyway), and the logits' gradient goes back the same way.
 // Hugging Face names under "model.layers.{i}.mlp": gate.weight [E, hidden],
 // gate.e_score_correction_bias [E] (with the expert bias), experts.{e}.{gate,up,down}_proj.weight
 // with the global expert index e, shared_experts.{gate,up,down}_proj.weight.
@@ -133,19 +138,18 @@ class MoELayer {
     const std::int64_t n = x.dim(0), e = router_config_.num_experts;
     Tensor logits({n, e});
     linear_forward(Backend{}, x.data(), router_.value.data(), logits.data(), n, hidden_, e);
-    Routing r = route<Backend>(router_config_, logits.span(), bias_ ? std::span<const float>(bias_->value.span())
-                                                                     : std::span<const float>{});
+    const Tensor host_logits = logits.to_host(), host_bias = bias_ ? bias_->value.to_host() : Tensor{};
+    Routing r = route(router_config_, host_logits.span(), host_bias.span());
     if (ctx.training) {  // a re-run for recomputation applies the capacity again but counts nothing
       if (!ctx.recomputing) {
-        const auto load = expert_load<Backend>(r);
+        const auto load = expert_load(r);
         for (std::size_t i = 0; i < load.size(); ++i) stats_.tokens_per_expert[i] += load[i];
         if (ctx.moe.aux_loss_coeff > 0.0f)
-          stats_.aux_loss +=
-              double(sequence_aux_loss<Backend>(r, ctx.seq, ctx.moe.aux_loss_coeff)) * ctx.moe.aux_loss_scale;
+          stats_.aux_loss += double(sequence_aux_loss(r, ctx.seq, ctx.moe.aux_loss_coeff)) * ctx.moe.aux_loss_scale;
       }
       if (ctx.moe.capacity_factor > 0.0f) {
         const auto dropped =
-            apply_capacity<Backend>(r, expert_capacity(ctx.moe.capacity_factor, n, r.top_k, e), ctx.moe.drop_policy);
+            apply_capacity(r, expert_capacity(ctx.moe.capacity_factor, n, r.top_k, e), ctx.moe.drop_policy);
         if (!ctx.recomputing) stats_.dropped += dropped.dropped;
       }
     }
@@ -162,7 +166,7 @@ class MoELayer {
       const Tensor s = shared_->forward(x, {n}, saved ? &*saved->shared : nullptr, keep_act, ctx.activations);
       add(Backend{}, s.numel(), s.data(), y.data());
     }
-    if (tp_->size() > 1) tp_->all_reduce(y.span());
+    if (tp_->size() > 1) tp_->all_reduce(y.raw_span());
     if (saved) {
       saved->x = x;
       saved->routing = std::move(r);
@@ -187,13 +191,15 @@ class MoELayer {
       const Tensor ds = shared_->backward(dy, *s.shared);
       add(Backend{}, ds.numel(), ds.data(), dx.data());
     }
-    if (tp_->size() > 1) tp_->all_reduce(dx.span());
+    if (tp_->size() > 1) tp_->all_reduce(dx.raw_span());
     // The router: the same on every TP rank (dweights are summed), so added after the reduce.
-    Tensor dlogits({n, e});
-    route_backward<Backend>(router_config_, r, dweights, dlogits.span());
+    std::vector<float> host_dlogits(static_cast<std::size_t>(n * e), 0.0f);
+    route_backward(router_config_, r, dweights, host_dlogits);
     if (ctx.moe.aux_loss_coeff > 0.0f)
-      sequence_aux_loss_backward<Backend>(router_config_, r, ctx.seq, ctx.moe.aux_loss_coeff,
-                                          ctx.moe.aux_loss_scale * ctx.moe.loss_scale, dlogits.span());
+      sequence_aux_loss_backward(router_config_, r, ctx.seq, ctx.moe.aux_loss_coeff,
+                                 ctx.moe.aux_loss_scale * ctx.moe.loss_scale, host_dlogits);
+    Tensor dlogits({n, e});
+    dlogits.copy_from_host(host_dlogits);
     linear_backward_weight(Backend{}, dlogits.data(), s.x.data(), router_.grad.data(), n, hidden_, e);
     Tensor dx_router({n, hidden_});
     linear_backward_input(Backend{}, dlogits.data(), router_.value.data(), dx_router.data(), n, hidden_, e);

@@ -166,13 +166,13 @@ class Trainer {
   /// Every tensor lives in the calling thread's current memory space, which must be the
   /// backend's (for backend::Cuda: construct and use the trainer inside
   /// MemorySpaceScope(memory_space(Cuda{}))). Fp32 on a device backend covers training steps
-  /// and evaluate() at any TP x PP x DP with ZeRO stages 0-3 (offload included), over a
-  /// communicator that reads device memory and also takes the trainer's host-side sums in its
-  /// blocking forms (comm::StagingComm, for ranks sharing one GPU; NcclComm, one GPU per rank,
-  /// which stages host memory through device copies); checkpoints (train/checkpointing.hpp)
-  /// copy through the host. 16-bit activations
-  /// and gradients and MoE layers still read tensors on the host and throw Error naming the
-  /// space.
+  /// and evaluate() at any TP x PP x DP x EP with ZeRO stages 0-3 (offload included), dense
+  /// and MoE models (routing decisions on the host: ep/moe_layer.hpp), over a communicator
+  /// that reads device memory and also takes the trainer's host-side sums in its blocking
+  /// forms (comm::StagingComm, for ranks sharing one GPU; NcclComm, one GPU per rank, which
+  /// stages host memory through device copies); checkpoints (train/checkpointing.hpp) copy
+  /// through the host. 16-bit activations and gradients still read tensors on the host and
+  /// throw Error naming the space.
   /// Collective over the mesh. Throws ConfigError when the model does not split over TP or
   /// the pipeline, the batch sizes do not divide, or the schedule does not fit them (e.g.
   /// interleaved with micro-batches not a multiple of the pipeline size).
@@ -502,7 +502,9 @@ class Trainer {
       model::Parameter* bias = m->expert_bias();
       if (!bias) continue;
       const MoeStepStats& st = stats[static_cast<std::size_t>(m->stats().layer - model_config().first_k_dense_replace)];
-      ep::update_expert_bias(bias->value.span(), st.tokens_per_expert, tc_.moe_router_bias_update_rate);
+      Tensor host = bias->value.to_host();  // [E]: updated on the host wherever the bias lives
+      ep::update_expert_bias(host.span(), st.tokens_per_expert, tc_.moe_router_bias_update_rate);
+      bias->value.copy_from_host(host.span());
     }
   }
 

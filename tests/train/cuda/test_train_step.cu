@@ -2,7 +2,8 @@
 // model's parameters, gradients, activations and optimizer state live in device memory
 // (MemorySpaceScope(memory_space(Cuda))), every op is the CUDA one. One rank, and TP=2 / DP=2
 // with two ranks sharing the one GPU through StagingComm (the shared-device path), both
-// against the Host backend at TP1/DP1; and ZeRO stages 1-3 at DP=2 the same way.
+// against the Host backend at TP1/DP1; ZeRO stages 1-3 at DP=2 the same way; and a DeepSeekMoE
+// model at EP1 and EP2.
 // Tolerance 1e-5 relative (issue 7's bound): the two backends differ only in summation order
 // (cuBLAS's fp32 GEMM, pure fp32 without TF32, against OpenBLAS; fp64 row sums on both) and fused
 // multiply-adds, about 1e-7 relative per op; three Adam steps keep that far below 1e-5, as the
@@ -39,14 +40,19 @@ struct Run {
 
 // Trains `steps` steps at TP x DP on Backend; the ranks share the calling process's current
 // device and communicate through StagingComm (a pass-through for host tensors).
+// moe: the small DeepSeekMoE model (softmax router with renormalised weights and the aux loss;
+// dropless, so that a summation-order difference cannot drop a different token) over ep
+// expert-parallel ranks.
 template <class Backend>
-Run train_run(int steps, int tp = 1, int dp = 1, double offload_ratio = 0.0, bool flash = false, int zero_stage = 0) {
+Run train_run(int steps, int tp = 1, int dp = 1, double offload_ratio = 0.0, bool flash = false, int zero_stage = 0,
+              bool moe = false, int ep = 1) {
   using Comm = comm::StagingComm<comm::ThreadComm>;
   using P = Policy<Backend, Comm>;
-  auto config = test::small_model();
+  auto config = moe ? test::small_moe_model() : test::small_model();
   config.use_flash_attn = flash;
   const auto& data = test::shakespeare(config.seq_length);
   train::TrainConfig tc = test::small_train_config(8, steps);
+  if (moe) tc.moe.aux_loss_coeff = 0.01f;
   tc.offload_ratio = offload_ratio;
   tc.zero_stage = zero_stage;
   Run out;
@@ -54,7 +60,7 @@ Run train_run(int steps, int tp = 1, int dp = 1, double offload_ratio = 0.0, boo
   comm::launch(tp * dp, [&](comm::ThreadComm& world) {
     MemorySpaceScope scope(memory_space(Backend{}));
     Comm rank_comm(world.split(0, world.rank()));
-    DeviceMesh mesh(rank_comm, ParallelLayout{.tensor = tp, .data = dp});
+    DeviceMesh mesh(rank_comm, ParallelLayout{.tensor = tp, .data = dp, .expert = ep});
     train::Trainer<P> trainer(config, tc, mesh, data);
     Run r;
     for (int s = 0; s < steps; ++s) {
@@ -150,5 +156,20 @@ TEST_CASE("--use-flash-attn: a training step with the tiled CUDA kernel equals t
   for (const auto& [name, want] : host.params) {
     CAPTURE(name);
     CHECK(test::relative_error(gpu.params.at(name), want) <= 1e-5);
+  }
+}
+
+TEST_CASE("a DeepSeekMoE step on the GPU (routing on the host, token rows on the device) equals the Host step; EP=2 on one GPU equals EP1") {
+  const Run host = train_run<backend::Host>(3, 1, 1, 0.0, false, 0, true);
+  for (int ep : {1, 2}) {
+    CAPTURE(ep);
+    const Run gpu = train_run<backend::Cuda>(3, 1, ep, 0.0, false, 0, true, ep);
+    CHECK(gpu.device_parameter_bytes > 0);
+    check_steps(gpu, host);
+    if (ep > 1) continue;  // rank 0 holds half the routed experts
+    for (const auto& [name, want] : host.params) {
+      CAPTURE(name);
+      CHECK(test::relative_error(gpu.params.at(name), want) <= 1e-5);
+    }
   }
 }
