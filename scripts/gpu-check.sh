@@ -173,8 +173,8 @@ PY
   echo
   echo "## Not measured yet"
   echo
-  echo "- bf16 training on the device (16-bit activations and gradient buckets still run on the"
-  echo "  host), so the MFU the issue's 40% goal is about."
+  echo "- bf16 training on the device (mixed precision's 16-bit activations, parameters and master"
+  echo "  weights still run on the host), so the MFU the issue's 40% goal is about."
   echo
   echo "gpu-check took $((SECONDS - start)) s."
 } >> "$out"

@@ -13,6 +13,7 @@
 #include <map>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <vector>
 
 #include "dsp/core/error.hpp"
@@ -81,6 +82,15 @@ class GuardedSpace final : public MemorySpace {
     if (it == live_.begin()) return false;
     --it;
     return c < it->first + it->second;
+  }
+
+  std::optional<memory::Snapshot> snapshot() const override {
+    std::lock_guard lock(mu_);
+    return counters;
+  }
+  void reset_peak() override {
+    std::lock_guard lock(mu_);
+    memory::detail::reset_peak(counters);
   }
 
   /// Set before use: another GuardedSpace that outlives this one, or null.

@@ -43,6 +43,8 @@ struct Run {
   std::int64_t pinned_moment_bytes = 0, pinned_bytes = 0;        // in the pinned space: OptimizerState, all
   std::int64_t host_communication_peak = 0, space_communication_peak = 0;  // bytes: buckets' payloads, gathers
   bool every_parameter_in_space = true;
+  memory::Snapshot step_memory;  // the last step's StepResult::memory (where the tensors live)
+  std::int64_t step_host_activation_peak = 0, peak_activation_bytes = 0;  // the last step's
 };
 
 // Spaces of failed runs, never destroyed (reachable, so not a leak): their tensors are freed at
@@ -121,6 +123,9 @@ Run train_run(bool guarded, int tp, int pp, int dp, int steps, int zero_stage = 
         r.losses.push_back(step.loss);
         r.grad_norms.push_back(step.skipped ? -1.0 : step.grad_norm);  // a skipped step's norm is NaN
         r.skipped += step.skipped ? 1 : 0;
+        r.step_memory = step.memory;
+        r.step_host_activation_peak = step.host_memory[memory::Category::Activations].peak;
+        r.peak_activation_bytes = step.peak_activation_bytes;
       }
       auto& trainer = *trainer_ptr;
       r.validation_loss = trainer.evaluate();  // forward only, stage after stage
@@ -168,6 +173,20 @@ TEST_CASE("a training step that never touches elements on the host: bitwise the 
   CHECK(guarded.space_allocations > 0);
   CHECK(host.every_parameter_in_space);  // null space: host memory
   check_bitwise(guarded, host);
+  // StepResult::memory counts where the tensors live: the space's counters hold what the host
+  // run's host counters hold, for the model state and the activations (the same tensors are
+  // made in the same order; Workspace differs: the space also holds copies of token ids and
+  // targets), and the host counters of the guarded run see only small host copies (a loss's
+  // inputs: hundreds of bytes, against tens of kilobytes of activations).
+  for (auto c : {memory::Category::Parameters, memory::Category::Gradients, memory::Category::OptimizerState,
+                 memory::Category::Activations}) {
+    CAPTURE(memory::name(c));
+    CHECK(guarded.step_memory[c].live == host.step_memory[c].live);
+    CHECK(guarded.step_memory[c].peak == host.step_memory[c].peak);
+  }
+  CHECK(host.step_memory[memory::Category::Activations].peak > 0);
+  CHECK(guarded.peak_activation_bytes == host.peak_activation_bytes);
+  CHECK(guarded.step_host_activation_peak * 100 < host.step_memory[memory::Category::Activations].peak);
 }
 
 TEST_CASE("the same with dynamic loss scaling: the overflow check copies gradients to the host explicitly") {
@@ -294,9 +313,34 @@ TEST_CASE("DeepSeekMoE layers in the space: routing on the host from copied logi
   }
 }
 
-TEST_CASE("16-bit gradient transport is rounded on the host: --grad-reduce-dtype bf16 at DP=2 in a space fails naming it") {
-  CHECK_THROWS_WITH_AS(train_run(true, 1, 1, 2, 1, 0, false, 0.0, dp::GradReduceDType::Bf16),
-                       doctest::Contains("rounded on the host, not yet in guarded test memory"), Error);
+TEST_CASE("16-bit gradient transport in the space (--grad-reduce-dtype bf16 / fp16 at DP=2, ZeRO 0 and 2): rounded and widened by the backend's convert ops; bitwise the host run") {
+  for (auto dtype : {dp::GradReduceDType::Bf16, dp::GradReduceDType::Fp16})
+    for (int stage : {0, 2}) {  // all-reduce of whole gradients; reduce-scatter into owned slices
+      CAPTURE(static_cast<int>(dtype));
+      CAPTURE(stage);
+      const Run host = train_run(false, 1, 1, 2, 2, stage, false, 0.0, dtype),
+                guarded = train_run(true, 1, 1, 2, 2, stage, false, 0.0, dtype);
+      check_bitwise(guarded, host);
+      CHECK(guarded.host_communication_peak == 0);  // the 16-bit payloads were in the space
+      CHECK(guarded.space_communication_peak >= host.host_communication_peak);
+      // rounding changed the steps: they are not the fp32 run's
+      CHECK(host.params != train_run(false, 1, 1, 2, 2, stage).params);
+    }
+}
+
+TEST_CASE("mixed precision keeps 16-bit parameters on the host: a bf16 trainer built in a space fails naming it") {
+  using P = Policy<backend::Host, comm::ThreadComm, precision::Bf16Mixed>;
+  const auto config = test::small_model();
+  test::GuardedSpace space;
+  comm::launch(1, [&](comm::ThreadComm& world) {
+    MemorySpaceScope scope(&space);
+    DeviceMesh mesh(world, ParallelLayout{});
+    CHECK_THROWS_WITH_AS(train::Trainer<P>(config, test::small_train_config(8, 1), mesh, test::shakespeare(config.seq_length)),
+                         doctest::Contains("mixed precision (16-bit parameter storage, fp32 master weights) runs on the "
+                                           "host, not yet in guarded test memory"),
+                         Error);
+  });
+  CHECK(space.counters.total.live == 0);  // what the failed constructor allocated was freed
 }
 
 TEST_CASE("checkpoints from and into the space: save after 2 steps, resume in a new trainer; bitwise the uninterrupted host run") {

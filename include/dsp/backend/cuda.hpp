@@ -15,6 +15,7 @@
 #if defined(__CUDACC__)
 #include "dsp/backend/cuda/adamw.cuh"
 #include "dsp/backend/cuda/attention.cuh"
+#include "dsp/backend/cuda/convert.cuh"
 #include "dsp/backend/cuda/cross_entropy.cuh"
 #include "dsp/backend/cuda/elementwise.cuh"
 #include "dsp/backend/cuda/embedding.cuh"

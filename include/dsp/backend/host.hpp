@@ -1,5 +1,6 @@
 #pragma once
 // The host (CPU) backend: the Host tag and every numeric op for it.
+#include "dsp/backend/host/convert.hpp"
 #include "dsp/backend/host/cross_entropy.hpp"
 #include "dsp/backend/host/elementwise.hpp"
 #include "dsp/backend/host/embedding.hpp"

@@ -9,8 +9,28 @@
 #include <type_traits>
 
 #include "dsp/core/error.hpp"
+#include "dsp/core/host_device.hpp"
 
 namespace dsp {
+
+namespace detail {
+/// The bits of a float and back (std::bit_cast on the host, CUDA's intrinsics in device code),
+/// for the conversions below, which both backends share.
+DSP_HOST_DEVICE inline std::uint32_t float_bits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  return std::bit_cast<std::uint32_t>(f);
+#endif
+}
+DSP_HOST_DEVICE inline float bits_float(std::uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  return std::bit_cast<float>(u);
+#endif
+}
+}  // namespace detail
 
 /// Element type tags used by tensors, communicators and checkpoints.
 enum class DType : std::uint8_t { F32, BF16, I32, I64 };
@@ -53,8 +73,8 @@ struct bf16 {
   explicit bf16(float f) : bits(from_float(f)) {}
   explicit operator float() const { return to_float(bits); }
 
-  static std::uint16_t from_float(float f) {
-    const std::uint32_t u = std::bit_cast<std::uint32_t>(f);
+  DSP_HOST_DEVICE static std::uint16_t from_float(float f) {
+    const std::uint32_t u = detail::float_bits(f);
     const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
     const std::uint32_t quiet_nan = (u >> 16) | 0x0040u;
     // A select, not a branch, so that loops of conversions vectorise (signed compare: SSE2 has
@@ -62,9 +82,7 @@ struct bf16 {
     const bool nan = static_cast<std::int32_t>(u & 0x7fffffffu) > 0x7f800000;
     return static_cast<std::uint16_t>(nan ? quiet_nan : rounded);
   }
-  static float to_float(std::uint16_t b) {
-    return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16);
-  }
+  DSP_HOST_DEVICE static float to_float(std::uint16_t b) { return detail::bits_float(static_cast<std::uint32_t>(b) << 16); }
 };
 
 /// fp16: IEEE 754 binary16 (1 sign, 5 exponent bits with bias 15, 10 mantissa bits; largest
@@ -82,8 +100,8 @@ struct fp16 {
   explicit fp16(float f) : bits(from_float(f)) {}
   explicit operator float() const { return to_float(bits); }
 
-  static std::uint16_t from_float(float f) {
-    std::uint32_t u = std::bit_cast<std::uint32_t>(f);
+  DSP_HOST_DEVICE static std::uint16_t from_float(float f) {
+    std::uint32_t u = detail::float_bits(f);
     const auto sign = static_cast<std::uint16_t>((u >> 16) & 0x8000u);
     u &= 0x7fffffffu;
     std::uint32_t h;
@@ -93,18 +111,18 @@ struct fp16 {
       // Adding 0.5 puts the 2^-24 unit of fp16 subnormals at fp32's last mantissa bit, so the
       // float addition rounds (to nearest even) exactly where fp16 must; subtracting 0.5's
       // bits leaves the fp16 bit pattern (0x400 when it rounds up to the smallest normal).
-      h = std::bit_cast<std::uint32_t>(std::bit_cast<float>(u) + 0.5f) - 0x3f000000u;
+      h = detail::float_bits(detail::bits_float(u) + 0.5f) - 0x3f000000u;
     } else {  // normal: rebias the exponent by 15 - 127 and round 23 -> 10 mantissa bits
       const std::uint32_t odd = (u >> 13) & 1u;
       h = (u - 0x38000000u + 0x0fffu + odd) >> 13;  // a carry into exponent 31 gives infinity
     }
     return static_cast<std::uint16_t>(sign | h);
   }
-  static float to_float(std::uint16_t h) {
+  DSP_HOST_DEVICE static float to_float(std::uint16_t h) {
     const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
     const std::uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x03ffu;
-    if (exp == 0x1fu) return std::bit_cast<float>(sign | 0x7f800000u | (mant << 13));  // inf, NaN
-    if (exp != 0) return std::bit_cast<float>(sign | ((exp + 112u) << 23) | (mant << 13));
+    if (exp == 0x1fu) return detail::bits_float(sign | 0x7f800000u | (mant << 13));  // inf, NaN
+    if (exp != 0) return detail::bits_float(sign | ((exp + 112u) << 23) | (mant << 13));
     const float sub = static_cast<float>(mant) * 0x1.0p-24f;  // zero or subnormal: exact
     return sign ? -sub : sub;
   }

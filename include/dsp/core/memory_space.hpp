@@ -11,6 +11,7 @@
 // elements through them is caught; a loop over the raw pointer is not (host loops in library
 // code use span() for that reason).
 #include <cstddef>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <utility>
@@ -54,6 +55,14 @@ class MemorySpace {
   /// Waits until everything enqueued on the space so far (copies, and for CUDA the stream's
   /// ops) has completed. Default: nothing to wait for.
   virtual void synchronize() {}
+
+  /// The counters this space's memory is counted in for the calling thread (bytes per
+  /// category, live and peak; for CUDA the thread's device counters), or nullopt when it counts
+  /// in the host counters (core/memory.hpp), as a pinned host space does. Default: nullopt.
+  virtual std::optional<memory::Snapshot> snapshot() const { return std::nullopt; }
+  /// Starts a new peak measurement (every category and the total) in those counters at the
+  /// live bytes; nothing for a space without counters of its own.
+  virtual void reset_peak() {}
 };
 
 namespace detail {
@@ -66,6 +75,19 @@ inline MemorySpace*& current_space() {
 /// The calling thread's current memory space: the innermost MemorySpaceScope's; null (host
 /// memory) outside any.
 inline MemorySpace* current_memory_space() { return detail::current_space(); }
+
+/// The calling thread's counters of the memory tensors go to in `space` (default: the current
+/// one): the space's own (a device's) when it has them, else the host counters.
+inline memory::Snapshot space_snapshot(const MemorySpace* space = current_memory_space()) {
+  if (space)
+    if (auto s = space->snapshot()) return *s;
+  return memory::snapshot();
+}
+/// Starts a new peak measurement in the counters space_snapshot(space) reads.
+inline void reset_space_peak(MemorySpace* space = current_memory_space()) {
+  if (space && space->snapshot()) space->reset_peak();
+  else memory::reset_peak();
+}
 
 /// Makes `space` (null: host memory) the calling thread's current memory space until the scope
 /// ends, then restores the previous one (scopes nest). Belongs to one thread's stack.

@@ -27,13 +27,12 @@
 // sums stay in the payload (stages 0 and 1, counted as Gradients, allocated even with one DP
 // rank) or in a 16-bit copy of the owned slices (from stage 2); reduced<T>() reads them.
 //
-// Gradients in a memory space (device memory, core/memory_space.hpp): fp32 payloads and
-// reduced slices live in the space current at construction (core/space_buffer.hpp), gradients
-// are packed into them and unpacked by the space's copies, and the communicator reduces them
-// where they are (a communicator that reads device memory: StagingComm over ThreadComm for
-// ranks sharing a device, NcclComm for device buffers). 16-bit payloads are
-// rounded on the host: buckets that keep or send 16-bit gradients throw Error when built in a
-// space.
+// Gradients in a memory space (device memory, core/memory_space.hpp): payloads and reduced
+// slices live in the space current at construction (core/space_buffer.hpp), gradients are packed
+// into them and unpacked by the space's copies (fp32) or the Backend's convert ops (16 bits,
+// backend/host/convert.hpp, backend/cuda/convert.cuh), and the communicator reduces them where
+// they are (a communicator that reads device memory: StagingComm over ThreadComm for ranks
+// sharing a device, NcclComm for device buffers).
 #include <cstdint>
 #include <algorithm>
 #include <exception>
@@ -45,6 +44,7 @@
 #include <variant>
 #include <vector>
 
+#include "dsp/backend/host/convert.hpp"
 #include "dsp/comm/communicator.hpp"
 #include "dsp/comm/detail/keep_alive.hpp"
 #include "dsp/core/dtype.hpp"
@@ -88,8 +88,9 @@ struct DdpConfig {
 };
 
 /// Buckets of gradients over one data-parallel group. Not copyable (holds pointers into the
-/// parameters); one per model replica rank.
-template <comm::Communicator Comm>
+/// parameters); one per model replica rank. Backend: whose convert ops round gradients to 16
+/// bits and widen them back (it must read the memory the gradients and payloads live in).
+template <comm::Communicator Comm, class Backend = backend::Host>
 class GradBuckets {
  public:
   /// params: this rank's parameters in the order backward finishes their gradients (e.g.
@@ -108,9 +109,8 @@ class GradBuckets {
   /// (Tensor{}) once packed: whoever accumulates into it next must allocate it again.
   /// mixed_precision: the gradients are kept in the 16-bit grad_reduce_dtype (see the top of the
   /// file); every full gradient is released once packed. Throws ConfigError when it is fp32.
-  /// fp32 payloads and reduced slices are allocated in the current memory space; 16-bit ones
-  /// are rounded on the host, so 16-bit transport with DP > 1, or mixed_precision, throws Error
-  /// naming the space when one is current.
+  /// Payloads and reduced slices are allocated in the current memory space; launching a bucket
+  /// throws Error when a gradient is in other memory than the buckets and the payload is 16-bit.
   GradBuckets(Comm& dp, const std::vector<model::Parameter*>& params, DdpConfig config,
               const model::Parameter* own_bucket = nullptr, int zero_stage = 0, bool mixed_precision = false)
       : dp_(&dp), config_(config), zero_stage_(zero_stage), mixed_(mixed_precision) {
@@ -119,10 +119,6 @@ class GradBuckets {
     DSP_CHECK_AS(ConfigError, !mixed_ || config.grad_reduce_dtype != GradReduceDType::Fp32,
                  "mixed precision keeps the gradients in 16 bits: --grad-reduce-dtype must be bf16 or fp16");
     const std::int64_t elem = config.grad_reduce_dtype == GradReduceDType::Fp32 ? 4 : 2;
-    if (space_)
-      DSP_CHECK(!mixed_ && (elem == 4 || dp.size() == 1), "grad buckets: 16-bit gradients (",
-                mixed_ ? "mixed precision" : "--grad-reduce-dtype", ") are rounded on the host, not yet in ",
-                space_->name(), " memory");
     for (auto* p : params) {
       const std::int64_t bytes = p->grad.numel() * elem;
       const bool alone = p == own_bucket || (!buckets_.empty() && buckets_.back().params.back() == own_bucket);
@@ -215,9 +211,8 @@ class GradBuckets {
           [&]<class T>(Payload<T>& payload) {
             if (mixed_) {  // the sums stay in the payload; from stage 2 the owned block is kept
               if (zero_stage_ < 2) return;
-              const std::span<T> all = payload.host_span("16-bit gradient unpacking");
-              std::copy_n(all.begin() + b.slice_elements * dp_->rank(), b.slice_elements,
-                          std::get<Payload<T>>(b.reduced).host_span("16-bit gradient unpacking").begin());
+              copy_elements(space_, std::get<Payload<T>>(b.reduced).data(),
+                            payload.data() + b.slice_elements * dp_->rank(), static_cast<std::size_t>(b.slice_elements));
               payload = Payload<T>{};
               return;
             }
@@ -225,19 +220,15 @@ class GradBuckets {
               for_each_slice(b, payload, [&](Tensor& grad, std::span<T> slice) {
                 if constexpr (std::is_same_v<T, float>) {  // copied into the gradient wherever each lives
                   copy_elements(copier(grad), grad.data(), slice.data(), slice.size());
-                } else {  // 16-bit: host gradients only (span() throws for others)
-                  std::ranges::transform(slice, grad.span().begin(), [](T x) { return static_cast<float>(x); });
+                } else {  // widened where both live
+                  convert(Backend{}, static_cast<std::int64_t>(slice.size()), slice.data(), grad.data());
                 }
               });
               return;
             }
-            if constexpr (!std::is_same_v<T, float>) {  // a 16-bit payload was reduced in place
-              const auto mine = payload.host_span("16-bit gradient unpacking")
-                                    .subspan(static_cast<std::size_t>(b.slice_elements * dp_->rank()),
-                                             static_cast<std::size_t>(b.slice_elements));
-              const auto out = std::get<Payload<float>>(b.reduced).host_span("16-bit gradient unpacking");
-              std::ranges::transform(mine, out.begin(), [](T x) { return static_cast<float>(x); });
-            }
+            if constexpr (!std::is_same_v<T, float>)  // a 16-bit payload was reduced in place: widen this rank's block
+              convert(Backend{}, b.slice_elements, payload.data() + b.slice_elements * dp_->rank(),
+                      std::get<Payload<float>>(b.reduced).data());
             if (zero_stage_ >= 2) payload = Payload<T>{};  // lives only while in flight
           },
           b.payload);
@@ -298,8 +289,7 @@ class GradBuckets {
   const DdpConfig& config() const { return config_; }
 
  private:
-  // A bucket's payload or reduced slices (fp32: in the memory space current at construction;
-  // 16-bit: host memory).
+  // A bucket's payload or reduced slices, in the memory space current at construction.
   template <class T>
   using Payload = SpaceBuffer<T>;
   using AnyPayload = std::variant<Payload<float>, Payload<bf16>, Payload<fp16>>;
@@ -339,8 +329,8 @@ class GradBuckets {
   }
   AnyPayload make_payload(GradReduceDType dtype, std::int64_t elements, memory::Category category) {
     const auto n = static_cast<std::size_t>(elements);
-    if (dtype == GradReduceDType::Bf16) return Payload<bf16>(n, category, nullptr);
-    if (dtype == GradReduceDType::Fp16) return Payload<fp16>(n, category, nullptr);
+    if (dtype == GradReduceDType::Bf16) return Payload<bf16>(n, category, space_);
+    if (dtype == GradReduceDType::Fp16) return Payload<fp16>(n, category, space_);
     return Payload<float>(n, category, space_);
   }
   // Whether a full gradient is released once packed (from stage 2, and with mixed precision).
@@ -362,11 +352,9 @@ class GradBuckets {
               if constexpr (std::is_same_v<T, float>) {  // copied from the gradient wherever each lives
                 copy_elements(copier(p->grad), payload.data() + at, p->grad.data() + r.begin,
                               static_cast<std::size_t>(r.valid()));
-              } else {  // 16-bit: host gradients only (span() throws for others)
-                const auto g =
-                    p->grad.span().subspan(static_cast<std::size_t>(r.begin), static_cast<std::size_t>(r.valid()));
-                const auto out = payload.host_span("16-bit gradient packing").subspan(at);
-                std::ranges::transform(g, out.begin(), [](float x) { return T(x); });
+              } else {  // rounded where both live
+                check_with_payload(*p);
+                convert(Backend{}, r.valid(), p->grad.data() + r.begin, payload.data() + at);
               }
             }
             if (releases_gradients()) p->grad = Tensor{};
@@ -390,12 +378,21 @@ class GradBuckets {
       launch(buckets_[next_launch_++]);
   }
 
+  // A 16-bit payload is converted from and into the gradients by Backend's ops, which need both
+  // in one memory: throws Error naming the parameter and both memories otherwise.
+  void check_with_payload(const model::Parameter& p) const {
+    DSP_CHECK(p.grad.space() == space_, "grad buckets: ", p.spec.name, "'s gradient is in ",
+              p.grad.space() ? p.grad.space()->name() : "host", " memory, the 16-bit payloads in ",
+              space_ ? space_->name() : "host", " memory");
+  }
+
   // f(gradient, slice) for each parameter of the bucket: its gradient's elements sit at `slice`
-  // of the bucket's (unsharded) payload.
+  // of the bucket's (unsharded) payload (16-bit: checked to be in the payload's memory).
   template <class T, class F>
-  static void for_each_slice(Bucket& b, Payload<T>& payload, F f) {
+  void for_each_slice(Bucket& b, Payload<T>& payload, F f) const {
     std::size_t off = 0;
     for (auto* p : b.params) {
+      if constexpr (!std::is_same_v<T, float>) check_with_payload(*p);
       const auto n = static_cast<std::size_t>(p->grad.numel());
       f(p->grad, payload.raw_span().subspan(off, n));
       off += n;
@@ -412,8 +409,8 @@ class GradBuckets {
           for_each_slice(b, payload, [&](Tensor& grad, std::span<T> slice) {
             if constexpr (std::is_same_v<T, float>) {  // copied from the gradient wherever each lives
               copy_elements(copier(grad), slice.data(), grad.data(), slice.size());
-            } else {  // 16-bit: host gradients only (span() throws for others)
-              std::ranges::transform(grad.span(), slice.begin(), [](float x) { return T(x); });
+            } else {  // rounded where both live
+              convert(Backend{}, static_cast<std::int64_t>(slice.size()), grad.data(), slice.data());
             }
           });
           if (releases_gradients())

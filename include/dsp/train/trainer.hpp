@@ -127,14 +127,18 @@ struct StepResult {
   /// Most (micro-batch, chunk) activations this rank held at once (pp::ScheduleStats).
   int peak_in_flight = 0;
   /// Measured peak of tensor bytes this rank's thread held during the schedule above what it
-  /// held before it (dsp::memory): stashed activations of the micro-batches in flight plus
-  /// the temporaries of the layer running.
+  /// held before it, in the memory the tensors live in (`memory`'s counters): stashed
+  /// activations of the micro-batches in flight plus the temporaries of the layer running.
   std::int64_t peak_activation_bytes = 0;
-  /// This rank's dsp::memory counters by category: live bytes at the end of the step and peaks
-  /// over the step. The schedule (forward and backward) runs in an Activations scope, so
-  /// Activations counts the stashed activations and the layers' temporaries; the optimizer's
-  /// and clipping's temporaries are Workspace.
+  /// This rank's counters by category of the memory its tensors live in (space_snapshot(): a
+  /// device's counters for backend::Cuda, dsp::memory's host counters on the host): live bytes
+  /// at the end of the step and peaks over the step. The schedule (forward and backward) runs
+  /// in an Activations scope, so Activations counts the stashed activations and the layers'
+  /// temporaries; the optimizer's and clipping's temporaries are Workspace.
   memory::Snapshot memory;
+  /// The host counters (dsp::memory) the same way: `memory` itself on the host; with a device,
+  /// the host side (offloaded optimizer state in pinned memory, host copies).
+  memory::Snapshot host_memory;
   /// Every MoE layer of the model (all pipeline stages), by layer; empty for a dense model.
   std::vector<MoeStepStats> moe;
   /// With loss scaling: the scale this step's backward used, and whether an overflow on some
@@ -171,8 +175,9 @@ class Trainer {
   /// that reads device memory and also takes the trainer's host-side sums in its blocking
   /// forms (comm::StagingComm, for ranks sharing one GPU; NcclComm, one GPU per rank, which
   /// stages host memory through device copies); checkpoints (train/checkpointing.hpp) copy
-  /// through the host. 16-bit activations and gradients still read tensors on the host and
-  /// throw Error naming the space.
+  /// through the host; --grad-reduce-dtype bf16 / fp16 rounds the gradients where they live.
+  /// Mixed precision (16-bit activations and parameters) still reads tensors on the host and
+  /// throws Error naming the space.
   /// Collective over the mesh. Throws ConfigError when the model does not split over TP or
   /// the pipeline, the batch sizes do not divide, or the schedule does not fit them (e.g.
   /// interleaved with micro-batches not a multiple of the pipeline size).
@@ -261,13 +266,14 @@ class Trainer {
       stash.erase(it);
       return dx;
     };
-    const std::int64_t held_before = memory::live_bytes();
+    const std::int64_t held_before = space_snapshot().total.live;  // where the tensors live
     memory::reset_peak();
+    reset_space_peak();
     const pp::ScheduleStats stats = [&] {
       memory::CategoryScope scope(memory::Category::Activations);
       return engine_.run(hooks);
     }();
-    const std::int64_t peak_activation_bytes = memory::peak_bytes() - held_before;
+    const std::int64_t peak_activation_bytes = space_snapshot().total.peak - held_before;
     sum_tied_embedding_grads();
     {
       trace::Span span("grad_buckets.finish", trace::Kind::Comm);
@@ -309,7 +315,8 @@ class Trainer {
     r.bubble_fraction = mesh_->pp_size() > 1 ? pp::pipeline_bubble_fraction(mesh_->pipeline_group(), stats) : 0.0;
     r.peak_in_flight = stats.peak_in_flight;
     r.peak_activation_bytes = peak_activation_bytes;
-    r.memory = memory::snapshot();
+    r.memory = space_snapshot();
+    r.host_memory = memory::snapshot();
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return r;
   }
@@ -377,9 +384,9 @@ class Trainer {
   const model::ModelConfig& model_config() const { return stages_.front()->config(); }
   Optimizer& optimizer() { return optimizer_; }
   dp::DataSampler& sampler() { return sampler_; }
-  const dp::GradBuckets<Comm>& grad_buckets() const { return buckets_; }
+  const dp::GradBuckets<Comm, Backend>& grad_buckets() const { return buckets_; }
   /// Buckets of the routed experts' gradients, over the expert-data-parallel group.
-  const dp::GradBuckets<Comm>& expert_grad_buckets() const { return expert_buckets_; }
+  const dp::GradBuckets<Comm, Backend>& expert_grad_buckets() const { return expert_buckets_; }
   const pp::Engine<Comm>& engine() const { return engine_; }
   DeviceMesh<Comm>& mesh() { return *mesh_; }
   const TrainConfig& config() const { return tc_; }
@@ -534,8 +541,8 @@ class Trainer {
   std::vector<std::unique_ptr<Stage>> stages_;
   dp::DataSampler sampler_;
   pp::Engine<Comm> engine_;
-  dp::GradBuckets<Comm> buckets_;         // over DP: everything but the routed experts
-  dp::GradBuckets<Comm> expert_buckets_;  // over expert-data parallelism: the routed experts
+  dp::GradBuckets<Comm, Backend> buckets_;         // over DP: everything but the routed experts
+  dp::GradBuckets<Comm, Backend> expert_buckets_;  // over expert-data parallelism: the routed experts
   Optimizer optimizer_;
   zero::WarmupCosine schedule_;
   std::unique_ptr<Comm> embedding_group_;  // first and last pipeline rank (tied embeddings over stages)

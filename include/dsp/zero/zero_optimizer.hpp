@@ -71,7 +71,7 @@ inline void validate_zero_stage(int stage) {
 template <class Backend, comm::Communicator Comm, class T = float>
 class ZeroOptimizer {
  public:
-  using Buckets = dp::GradBuckets<Comm>;
+  using Buckets = dp::GradBuckets<Comm, Backend>;
   /// Whether parameters and gradients are stored in 16 bits.
   static constexpr bool mixed = !std::is_same_v<T, float>;
 
@@ -85,7 +85,9 @@ class ZeroOptimizer {
   /// (mixed_precision); stores each parameter in T (Parameters), its owned slice's fp32 master
   /// copy as OptimizerState, and frees the fp32 values and gradients. Throws Error for a
   /// parameter in no bucket, buckets of mixed stages, or buckets that keep the wrong precision,
-  /// and when a parameter or the buckets are in another memory space than the current one.
+  /// and when a parameter or the buckets are in another memory space than the current one;
+  /// mixed precision keeps its 16-bit parameters and master weights on the host, so it throws
+  /// Error naming the space when one is current.
   /// offload_ratio (ZeRO-Offload, Ren et al., USENIX ATC'21, section 4; DeepSpeed's
   /// offload_optimizer.ratio, Megatron's --optimizer-offload-fraction): the fraction of the
   /// optimizer state kept in host memory and updated by the CPU: the state of the first
@@ -105,6 +107,8 @@ class ZeroOptimizer {
     std::int64_t total = 0, offloaded = 0;  // parameter elements
     for (auto* p : params) total += p->value.numel();
     const auto space_name = [](const MemorySpace* m) { return m ? m->name() : std::string_view("host"); };
+    DSP_CHECK(!mixed || !space_, "zero: mixed precision (16-bit parameter storage, fp32 master weights) runs on the "
+              "host, not yet in ", space_name(space_), " memory");
     for (auto* b : buckets) {
       DSP_CHECK(b->space() == space_, "zero: gradient buckets built in ", space_name(b->space()),
                 " memory for an optimizer built in ", space_name(space_), " memory");

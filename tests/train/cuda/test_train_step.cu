@@ -36,6 +36,7 @@ struct Run {
   std::map<std::string, std::vector<float>> params;  // copied to the host
   std::int64_t device_parameter_bytes = 0;
   std::int64_t host_state_bytes = 0, device_state_bytes = 0;  // OptimizerState, rank 0
+  memory::Snapshot step_memory;  // the last step's StepResult::memory (where the tensors live)
 };
 
 // Trains `steps` steps at TP x DP on Backend; the ranks share the calling process's current
@@ -45,7 +46,7 @@ struct Run {
 // expert-parallel ranks.
 template <class Backend>
 Run train_run(int steps, int tp = 1, int dp = 1, double offload_ratio = 0.0, bool flash = false, int zero_stage = 0,
-              bool moe = false, int ep = 1) {
+              bool moe = false, int ep = 1, dp::GradReduceDType grad_reduce_dtype = dp::GradReduceDType::Fp32) {
   using Comm = comm::StagingComm<comm::ThreadComm>;
   using P = Policy<Backend, Comm>;
   auto config = moe ? test::small_moe_model() : test::small_model();
@@ -53,6 +54,7 @@ Run train_run(int steps, int tp = 1, int dp = 1, double offload_ratio = 0.0, boo
   const auto& data = test::shakespeare(config.seq_length);
   train::TrainConfig tc = test::small_train_config(8, steps);
   if (moe) tc.moe.aux_loss_coeff = 0.01f;
+  tc.ddp.grad_reduce_dtype = grad_reduce_dtype;
   tc.offload_ratio = offload_ratio;
   tc.zero_stage = zero_stage;
   Run out;
@@ -67,6 +69,7 @@ Run train_run(int steps, int tp = 1, int dp = 1, double offload_ratio = 0.0, boo
       const auto step = trainer.train_step();
       r.losses.push_back(step.loss);
       r.grad_norms.push_back(step.grad_norm);
+      r.step_memory = step.memory;
     }
     r.host_state_bytes = memory::snapshot()[memory::Category::OptimizerState].live;
     if constexpr (std::is_same_v<Backend, backend::Cuda>) {
@@ -101,6 +104,13 @@ void check_steps(const Run& gpu, const Run& host) {
 TEST_CASE("a training step on the GPU equals the Host step (fp32, one rank) within 1e-5") {
   const Run host = train_run<backend::Host>(3), gpu = train_run<backend::Cuda>(3);
   CHECK(gpu.device_parameter_bytes > 0);  // the model lived in device memory
+  // StepResult::memory reads the device counters: the same model state as the Host step's host
+  // counters (activations differ: the CUDA ops' per-call scratch is counted there too)
+  for (auto c : {memory::Category::Parameters, memory::Category::Gradients, memory::Category::OptimizerState}) {
+    CAPTURE(memory::name(c));
+    CHECK(gpu.step_memory[c].live > 0);
+    CHECK(gpu.step_memory[c].live == host.step_memory[c].live);
+  }
   check_steps(gpu, host);
   REQUIRE(gpu.params.size() == host.params.size());
   for (const auto& [name, want] : host.params) {
@@ -170,6 +180,24 @@ TEST_CASE("a DeepSeekMoE step on the GPU (routing on the host, token rows on the
     for (const auto& [name, want] : host.params) {
       CAPTURE(name);
       CHECK(test::relative_error(gpu.params.at(name), want) <= 1e-5);
+    }
+  }
+}
+
+TEST_CASE("--grad-reduce-dtype bf16 / fp16 at DP=2 on one GPU (gradients rounded on the device) equal the Host run with the same transport") {
+  // The device's fp32 gradients differ from the host's by ~1e-7 relative (summation order), so
+  // rounding them to 16 bits can land on the other side of a tie: one 16-bit ulp (2^-8 for bf16,
+  // 2^-11 for fp16) on about 1e-7 / 2^-8 = 3e-5 of the elements. Adam's normalised update moves
+  // such an element by at most that fraction of one step, so the parameters stay within 1e-4
+  // relative (bf16's ulp x the flipped fraction, far below) and the losses within 1e-5.
+  for (auto dtype : {dp::GradReduceDType::Bf16, dp::GradReduceDType::Fp16}) {
+    CAPTURE(static_cast<int>(dtype));
+    const Run host = train_run<backend::Host>(3, 1, 2, 0.0, false, 0, false, 1, dtype);
+    const Run gpu = train_run<backend::Cuda>(3, 1, 2, 0.0, false, 0, false, 1, dtype);
+    check_steps(gpu, host);
+    for (const auto& [name, want] : host.params) {
+      CAPTURE(name);
+      CHECK(test::relative_error(gpu.params.at(name), want) <= 1e-4);
     }
   }
 }

@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <map>
+#include <optional>
 #include <mutex>
 #include <utility>
 
@@ -108,6 +109,10 @@ class CudaMemorySpace final : public MemorySpace {
     const OnDevice on(device_);
     DSP_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
+  /// The calling thread's device counters (backend/cuda/memory.hpp: a thread's device memory,
+  /// of whichever device and stream, is counted there).
+  std::optional<memory::Snapshot> snapshot() const override { return memory::device_snapshot(); }
+  void reset_peak() override { memory::reset_device_peak(); }
   Cuda backend() const { return Cuda{stream_}; }
   int device() const { return device_; }
 

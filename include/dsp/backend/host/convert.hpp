@@ -1,0 +1,31 @@
+#pragma once
+// Conversions between fp32 and the 16-bit element types (bf16, fp16; core/dtype.hpp): what the
+// gradient buckets use to send gradients in 16 bits (--grad-reduce-dtype) wherever they live.
+// fp32 -> 16 bits rounds to nearest, ties to even (fp16: infinity from 65520 up; NaN stays a
+// quiet NaN); 16 bits -> fp32 is exact. The CUDA ops (backend/cuda/convert.cuh) apply the same
+// functions per element, so both backends give the same bits.
+#include <cstdint>
+
+#include "dsp/backend/host/host.hpp"
+#include "dsp/core/dtype.hpp"
+
+namespace dsp::backend {
+
+/// y [n] = x [n] rounded to bf16.
+inline void convert(Host, std::int64_t n, const float* x, bf16* y) {
+  for (std::int64_t i = 0; i < n; ++i) y[i].bits = bf16::from_float(x[i]);
+}
+/// y [n] = x [n] rounded to fp16.
+inline void convert(Host, std::int64_t n, const float* x, fp16* y) {
+  for (std::int64_t i = 0; i < n; ++i) y[i].bits = fp16::from_float(x[i]);
+}
+/// y [n] = x [n] widened to fp32 (exact).
+inline void convert(Host, std::int64_t n, const bf16* x, float* y) {
+  for (std::int64_t i = 0; i < n; ++i) y[i] = bf16::to_float(x[i].bits);
+}
+/// y [n] = x [n] widened to fp32 (exact).
+inline void convert(Host, std::int64_t n, const fp16* x, float* y) {
+  for (std::int64_t i = 0; i < n; ++i) y[i] = fp16::to_float(x[i].bits);
+}
+
+}  // namespace dsp::backend
