@@ -22,6 +22,7 @@ using namespace dsp;
 
 namespace dp_grad_buckets_test {
 using P = Policy<backend::Host, comm::ThreadComm>;
+using Buckets = dp::GradBuckets<comm::ThreadComm, backend::Host>;
 
 namespace {
 
@@ -52,22 +53,22 @@ TEST_CASE("buckets group parameters in ready order up to the byte limit and neve
   comm::launch(1, [](comm::ThreadComm& world) {
     auto ps = make_params({10, 20, 5, 100, 3}, 0);
     // 30 floats = 120 bytes: {10, 20}, {5}, {100} (larger than the limit: alone), {3}
-    dp::GradBuckets<comm::ThreadComm> b(world, raw(ps), {.bucket_size_bytes = 120});
+    Buckets b(world, raw(ps), {.bucket_size_bytes = 120});
     REQUIRE(b.size() == 4);
     CHECK(b.bucket(0) == std::vector<model::Parameter*>{ps[0].get(), ps[1].get()});
     CHECK(b.bucket(1) == std::vector<model::Parameter*>{ps[2].get()});
     CHECK(b.bucket(2) == std::vector<model::Parameter*>{ps[3].get()});
     CHECK(b.bucket(3) == std::vector<model::Parameter*>{ps[4].get()});
     // bf16 halves the payload: 60 elements per bucket
-    dp::GradBuckets<comm::ThreadComm> h(world, raw(ps), {.bucket_size_bytes = 120, .grad_reduce_dtype = dp::GradReduceDType::Bf16});
+    Buckets h(world, raw(ps), {.bucket_size_bytes = 120, .grad_reduce_dtype = dp::GradReduceDType::Bf16});
     CHECK(h.size() == 3);  // {10, 20, 5}, {100}, {3}
     // own_bucket (a tied table split over stages): alone, the others fill around it
-    dp::GradBuckets<comm::ThreadComm> o(world, raw(ps), {.bucket_size_bytes = 1000}, ps[2].get());
+    Buckets o(world, raw(ps), {.bucket_size_bytes = 1000}, ps[2].get());
     REQUIRE(o.size() == 3);
     CHECK(o.bucket(0) == std::vector<model::Parameter*>{ps[0].get(), ps[1].get()});
     CHECK(o.bucket(1) == std::vector<model::Parameter*>{ps[2].get()});
     CHECK(o.bucket(2) == std::vector<model::Parameter*>{ps[3].get(), ps[4].get()});
-    CHECK_THROWS_AS(dp::GradBuckets<comm::ThreadComm>(world, raw(ps), {.bucket_size_bytes = 0}), ConfigError);
+    CHECK_THROWS_AS(Buckets(world, raw(ps), {.bucket_size_bytes = 0}), ConfigError);
     CHECK(dp::grad_reduce_dtype_from_name("fp16") == dp::GradReduceDType::Fp16);
     CHECK_THROWS_WITH_AS(dp::grad_reduce_dtype_from_name("fp8"), doctest::Contains("fp32, bf16 or fp16, got 'fp8'"), ConfigError);
   });
@@ -76,7 +77,7 @@ TEST_CASE("buckets group parameters in ready order up to the byte limit and neve
 TEST_CASE("with overlap a bucket's all-reduce starts when its last gradient is ready, in bucket order") {
   comm::launch(2, [](comm::ThreadComm& world) {
     auto ps = make_params({8, 8, 8, 8}, world.rank());
-    dp::GradBuckets<comm::ThreadComm> b(world, raw(ps), {.bucket_size_bytes = 64, .overlap_grad_reduce = true});
+    Buckets b(world, raw(ps), {.bucket_size_bytes = 64, .overlap_grad_reduce = true});
     REQUIRE(b.size() == 2);  // {p0, p1}, {p2, p3}
     b.begin_last_micro_batch();
     b.mark_ready(*ps[2]);
@@ -101,7 +102,7 @@ TEST_CASE("with overlap a bucket's all-reduce starts when its last gradient is r
 TEST_CASE("without overlap nothing starts before finish(); finish() alone reduces everything, every step") {
   comm::launch(2, [](comm::ThreadComm& world) {
     auto ps = make_params({8, 8}, world.rank());
-    dp::GradBuckets<comm::ThreadComm> b(world, raw(ps), {.bucket_size_bytes = 32});
+    Buckets b(world, raw(ps), {.bucket_size_bytes = 32});
     b.begin_last_micro_batch();
     b.mark_ready(*ps[0]);
     b.mark_ready(*ps[1]);
@@ -121,7 +122,7 @@ TEST_CASE("data-parallel ranks with different buckets are refused at constructio
   CHECK_THROWS_WITH_AS(comm::launch(2,
                                     [](comm::ThreadComm& world) {
                                       auto ps = make_params({8, 8}, world.rank());
-                                      dp::GradBuckets<comm::ThreadComm> b(
+                                      Buckets b(
                                           world, raw(ps), {.bucket_size_bytes = world.rank() == 0 ? 32 : 64});
                                     }),
                        "data-parallel ranks made different gradient buckets (buckets 1-2, elements 16-16, bytes per "
@@ -136,7 +137,7 @@ TEST_CASE("a rank failing with a bucket all-reduce in flight ends the launch cle
   CHECK_THROWS_WITH_AS(comm::launch(2,
                                     [](comm::ThreadComm& world) {
                                       auto ps = make_params({std::int64_t{4} << 20}, world.rank());  // 16 MiB
-                                      dp::GradBuckets<comm::ThreadComm> b(world, raw(ps), {.overlap_grad_reduce = true});
+                                      Buckets b(world, raw(ps), {.overlap_grad_reduce = true});
                                       b.begin_last_micro_batch();
                                       b.mark_ready(*ps[0]);  // the all-reduce starts
                                       if (world.rank() == 1) throw std::runtime_error("backward failed on rank 1");
@@ -151,7 +152,7 @@ TEST_CASE("16-bit transport (bf16, fp16): every rank's gradient rounded once, su
     for (int stage : {0, 1})
       comm::launch(4, [&](comm::ThreadComm& world) {
         auto ps = make_params({300}, world.rank());
-        dp::GradBuckets<comm::ThreadComm> b(world, raw(ps), {.grad_reduce_dtype = dtype}, nullptr, stage);
+        Buckets b(world, raw(ps), {.grad_reduce_dtype = dtype}, nullptr, stage);
         b.begin_last_micro_batch();
         b.finish();
         const zero::ShardRange range = b.range(*ps[0]);  // stage 1: this rank's 75 elements
@@ -188,7 +189,7 @@ TEST_CASE("mixed precision: the gradients are kept in the 16-bit payload at ZeRO
           CAPTURE(ranks);
           CAPTURE(stage);
           auto ps = make_params({300, 7}, world.rank());
-          dp::GradBuckets<comm::ThreadComm> b(world, raw(ps), {.grad_reduce_dtype = dtype}, nullptr, stage, true);
+          Buckets b(world, raw(ps), {.grad_reduce_dtype = dtype}, nullptr, stage, true);
           b.begin_last_micro_batch();
           b.finish();
           for (std::size_t k = 0; k < ps.size(); ++k) {
@@ -210,7 +211,7 @@ TEST_CASE("mixed precision: the gradients are kept in the 16-bit payload at ZeRO
   check(fp16{}, dp::GradReduceDType::Fp16);
   comm::launch(1, [](comm::ThreadComm& world) {
     auto ps = make_params({3}, 0);
-    CHECK_THROWS_WITH_AS(dp::GradBuckets<comm::ThreadComm>(world, raw(ps), {}, nullptr, 0, true),
+    CHECK_THROWS_WITH_AS(Buckets(world, raw(ps), {}, nullptr, 0, true),
                          "mixed precision keeps the gradients in 16 bits: --grad-reduce-dtype must be bf16 or fp16",
                          ConfigError);
   });
@@ -220,7 +221,7 @@ TEST_CASE("fp16 transport overflows to infinity past 65504 (what loss scaling de
   comm::launch(2, [](comm::ThreadComm& world) {
     auto ps = make_params({4}, world.rank());
     ps[0]->grad.fill(40000.0f);  // each rank's value fits fp16; the sum does not
-    dp::GradBuckets<comm::ThreadComm> b(world, raw(ps), {.grad_reduce_dtype = dp::GradReduceDType::Fp16});
+    Buckets b(world, raw(ps), {.grad_reduce_dtype = dp::GradReduceDType::Fp16});
     b.begin_last_micro_batch();
     b.finish();
     for (float g : ps[0]->grad.values()) CHECK(std::isinf(g));

@@ -33,8 +33,8 @@ using P = Policy<backend::Host, comm::ThreadComm>;
 namespace {
 
 // Bytes of the payloads of `buckets` (fp32: 4 per gradient element), none with one DP rank.
-template <class Comm>
-std::int64_t payload_bytes(const dp::GradBuckets<Comm>& buckets, int dp_size) {
+template <class Comm, class Backend>
+std::int64_t payload_bytes(const dp::GradBuckets<Comm, Backend>& buckets, int dp_size) {
   if (dp_size == 1) return 0;
   std::int64_t elements = 0;
   for (std::size_t i = 0; i < buckets.size(); ++i)

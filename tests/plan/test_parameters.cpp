@@ -85,7 +85,7 @@ TEST_CASE("ledger parameters equal a CausalLM's at TP 1/2/4, tied and untied, wi
         const std::int64_t before = memory::live_bytes();
         model::CausalLM<P> m(c, mesh, 42);
         const std::int64_t model_bytes = memory::live_bytes() - before;
-        dp::GradBuckets<comm::ThreadComm> buckets(mesh.data_group(), m.parameters(), {});  // DP 1: no payload
+        dp::GradBuckets<comm::ThreadComm, backend::Host> buckets(mesh.data_group(), m.parameters(), {});  // DP 1: no payload
         zero::ZeroOptimizer<backend::Host, comm::ThreadComm> adam(m.parameters(), {&buckets}, {}, tp, mesh.tp_rank());
         const std::int64_t adam_bytes = memory::live_bytes() - before - model_bytes;
 

@@ -44,7 +44,7 @@ struct Run {
   std::int64_t host_communication_peak = 0, space_communication_peak = 0;  // bytes: buckets' payloads, gathers
   bool every_parameter_in_space = true;
   memory::Snapshot step_memory;  // the last step's StepResult::memory (where the tensors live)
-  std::int64_t step_host_activation_peak = 0, peak_activation_bytes = 0;  // the last step's
+  std::int64_t step_host_activation_peak = 0;  // the last step's StepResult::host_memory
 };
 
 // Spaces of failed runs, never destroyed (reachable, so not a leak): their tensors are freed at
@@ -125,7 +125,6 @@ Run train_run(bool guarded, int tp, int pp, int dp, int steps, int zero_stage = 
         r.skipped += step.skipped ? 1 : 0;
         r.step_memory = step.memory;
         r.step_host_activation_peak = step.host_memory[memory::Category::Activations].peak;
-        r.peak_activation_bytes = step.peak_activation_bytes;
       }
       auto& trainer = *trainer_ptr;
       r.validation_loss = trainer.evaluate();  // forward only, stage after stage
@@ -185,7 +184,6 @@ TEST_CASE("a training step that never touches elements on the host: bitwise the 
     CHECK(guarded.step_memory[c].peak == host.step_memory[c].peak);
   }
   CHECK(host.step_memory[memory::Category::Activations].peak > 0);
-  CHECK(guarded.peak_activation_bytes == host.peak_activation_bytes);
   CHECK(guarded.step_host_activation_peak * 100 < host.step_memory[memory::Category::Activations].peak);
 }
 
@@ -313,9 +311,9 @@ TEST_CASE("DeepSeekMoE layers in the space: routing on the host from copied logi
   }
 }
 
-TEST_CASE("16-bit gradient transport in the space (--grad-reduce-dtype bf16 / fp16 at DP=2, ZeRO 0 and 2): rounded and widened by the backend's convert ops; bitwise the host run") {
+TEST_CASE("16-bit gradient transport in the space (--grad-reduce-dtype bf16 / fp16 at DP=2, ZeRO 0-3): rounded and widened by the backend's convert ops; bitwise the host run") {
   for (auto dtype : {dp::GradReduceDType::Bf16, dp::GradReduceDType::Fp16})
-    for (int stage : {0, 2}) {  // all-reduce of whole gradients; reduce-scatter into owned slices
+    for (int stage : {0, 1, 2, 3}) {  // all-reduce of whole gradients; reduce-scatter into owned slices
       CAPTURE(static_cast<int>(dtype));
       CAPTURE(stage);
       const Run host = train_run(false, 1, 1, 2, 2, stage, false, 0.0, dtype),

@@ -20,7 +20,7 @@ TEST_CASE("AdamW first step: bias-corrected m/sqrt(v) = sign(g), plus decoupled 
   comm::launch(1, [](comm::ThreadComm& world) {
     model::Parameter p(ShardedTensor::replicated("w", {2, 2}), {model::Init::Ones}, 0, 1, 0);
     p.grad.values() = {0.5f, -2.0f, 1e-3f, 0.0f};
-    dp::GradBuckets<comm::ThreadComm> buckets(world, {&p}, {});
+    dp::GradBuckets<comm::ThreadComm, backend::Host> buckets(world, {&p}, {});
     zero::ZeroOptimizer<backend::Host, comm::ThreadComm> opt(
         {&p}, {&buckets}, {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f}, 1, 0);
     opt.step(0.01f);
@@ -58,7 +58,7 @@ TEST_CASE("the global gradient norm counts every element once at TP 1, 2 and 4")
       const auto rows = col.spec.index_map(tp, r);
       for (std::size_t i = 0; i < rows.size(); ++i) col.grad[2 * i] = col.grad[2 * i + 1] = float(rows[i] + 1);
       qkv.grad.fill(2.0f);
-      dp::GradBuckets<comm::ThreadComm> buckets(mesh.data_group(), {&norm, &col, &qkv}, {});
+      dp::GradBuckets<comm::ThreadComm, backend::Host> buckets(mesh.data_group(), {&norm, &col, &qkv}, {});
       zero::ZeroOptimizer<backend::Host, comm::ThreadComm> opt({&norm, &col, &qkv}, {&buckets}, {}, tp, r);
       const float n = opt.clip_grad_norm(0.0f, mesh.tensor_group());
       std::lock_guard lk(mu);

@@ -1,7 +1,7 @@
 #pragma once
-// Element types: fp32, bf16 (bfloat16) and fp16 (IEEE binary16), the 16-bit ones stored on
-// the host and converted from float with round to nearest even. Arithmetic on bf16 and fp16
-// is always done in fp32.
+// Element types: fp32, bf16 (bfloat16) and fp16 (IEEE binary16), the 16-bit ones stored as
+// their bits and converted from float with round to nearest even (the same functions on the host
+// and in CUDA kernels). Arithmetic on bf16 and fp16 is always done in fp32.
 #include <bit>
 #include <cstdint>
 #include <cstring>

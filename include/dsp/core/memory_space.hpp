@@ -140,18 +140,21 @@ class SpaceAllocation {
 };
 
 /// A copy of host values (token ids, targets, positions, weights) in a memory space, for the
-/// ops that read such arrays next to tensors in that space: counted there as Workspace. With no
-/// space (host memory) an uncounted host copy, like the std::vector it replaces.
+/// ops that read such arrays next to tensors in that space: counted there under `category`
+/// (Workspace unless given: per-call arrays). With no space (host memory) an uncounted host
+/// copy, like the std::vector it replaces.
 template <class T>
 class SpaceArray {
  public:
   SpaceArray() = default;
-  explicit SpaceArray(std::span<const T> host, MemorySpace* space = current_memory_space()) : size_(host.size()) {
+  explicit SpaceArray(std::span<const T> host, MemorySpace* space = current_memory_space(),
+                      memory::Category category = memory::Category::Workspace)
+      : size_(host.size()) {
     if (!space) {
       host_.assign(host.begin(), host.end());
       return;
     }
-    block_ = SpaceAllocation(space, host.size_bytes(), memory::Category::Workspace);
+    block_ = SpaceAllocation(space, host.size_bytes(), category);
     if (!host.empty()) space->copy(block_.data(), host.data(), host.size_bytes());
   }
   /// The elements in the space (pass to ops only).

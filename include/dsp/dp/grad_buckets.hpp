@@ -12,7 +12,8 @@
 // Overlap on or off runs the same buckets in the same order through the same collective, so
 // the reduced gradients are bitwise identical; only when each all-reduce starts differs.
 // With a 16-bit communication dtype (bf16 or fp16) every bucket is rounded to it once,
-// all-reduced with fp32 accumulation inside the communicator, and widened back to fp32.
+// all-reduced in it (ThreadComm and MpiComm accumulate in fp32 and round the sum once; NcclComm
+// sums as NCCL does, in the 16-bit type), and widened back to fp32.
 //
 // ZeRO (zero::ZeroOptimizer, stages 1-3) reduce-scatters instead: each parameter is split over
 // the group as zero/partition.hpp says, a bucket's payload holds rank 0's slices of its
@@ -90,7 +91,7 @@ struct DdpConfig {
 /// Buckets of gradients over one data-parallel group. Not copyable (holds pointers into the
 /// parameters); one per model replica rank. Backend: whose convert ops round gradients to 16
 /// bits and widen them back (it must read the memory the gradients and payloads live in).
-template <comm::Communicator Comm, class Backend = backend::Host>
+template <comm::Communicator Comm, class Backend>
 class GradBuckets {
  public:
   /// params: this rank's parameters in the order backward finishes their gradients (e.g.
@@ -276,7 +277,7 @@ class GradBuckets {
   /// Whether the gradients are kept in 16 bits (the constructor's mixed_precision).
   bool mixed_precision() const { return mixed_; }
   Comm& group() const { return *dp_; }
-  /// The memory space fp32 payloads and reduced slices live in (current at construction; null:
+  /// The memory space the payloads and reduced slices live in (current at construction; null:
   /// host memory).
   MemorySpace* space() const { return space_; }
 
@@ -422,7 +423,7 @@ class GradBuckets {
   }
 
   Comm* dp_;
-  MemorySpace* space_ = current_memory_space();  // where fp32 payloads and reduced slices live
+  MemorySpace* space_ = current_memory_space();  // where payloads and reduced slices live
   DdpConfig config_;
   int zero_stage_ = 0;
   bool mixed_ = false;

@@ -43,7 +43,8 @@ struct DispatchPlan {
   std::vector<std::int64_t> recv_counts;    ///< [ep, local experts] rows received per (source, local expert)
   std::vector<std::int64_t> rows_per_local_expert;  ///< [local experts] rows each local expert runs
   /// order [A] and the routing's gate weights [tokens, k], in the memory space current at plan()
-  /// (host memory: plain copies): what the row-moving ops read.
+  /// (host memory: plain copies), counted in the category current then (a plan kept for
+  /// backward is an activation): what the row-moving ops read.
   SpaceArray<std::int64_t> order_in_space;
   SpaceArray<float> weights_in_space;
 
@@ -96,8 +97,10 @@ class ExpertDispatcher {
         d.recv_rows[static_cast<std::size_t>(q)] += d.recv_counts[i];
         d.rows_per_local_expert[static_cast<std::size_t>(j)] += d.recv_counts[i];
       }
-    d.order_in_space = SpaceArray<std::int64_t>(std::span<const std::int64_t>(d.order));
-    d.weights_in_space = SpaceArray<float>(std::span<const float>(r.weights));
+    d.order_in_space =
+        SpaceArray<std::int64_t>(std::span<const std::int64_t>(d.order), current_memory_space(), memory::current_category());
+    d.weights_in_space =
+        SpaceArray<float>(std::span<const float>(r.weights), current_memory_space(), memory::current_category());
     return d;
   }
 
@@ -156,9 +159,16 @@ class ExpertDispatcher {
     DSP_CHECK(dweights.size() == r.weights.size(), "combine_backward: dweights has ", dweights.size(),
               " values, expected tokens x k = ", r.weights.size());
     Tensor drows({d.assignments(), hidden_});
-    SpaceBuffer<float> dots(dweights.size(), memory::current_category());  // zeroed, where the rows live
-    combine_rows_backward(Backend{}, rows.data(), d.weights_in_space.data(), d.order_in_space.data(), d.assignments(),
-                          d.top_k, hidden_, dy.data(), drows.data(), dots.data());
+    const auto backward = [&](float* out) {
+      combine_rows_backward(Backend{}, rows.data(), d.weights_in_space.data(), d.order_in_space.data(),
+                            d.assignments(), d.top_k, hidden_, dy.data(), drows.data(), out);
+    };
+    if (!rows.space()) {  // host memory: straight into dweights
+      backward(dweights.data());
+      return drows;
+    }
+    SpaceBuffer<float> dots(dweights.size(), memory::current_category(), rows.space());  // zeroed
+    backward(dots.data());
     std::vector<float> host(dweights.size());
     copy_elements(dots.space(), host.data(), dots.data(), host.size());
     for (std::size_t i = 0; i < host.size(); ++i) dweights[i] += host[i];

@@ -95,7 +95,8 @@ class MoELayer {
     Tensor back;  // [A, hidden] the experts' partial outputs, in plan order
     typename GroupedExperts<Backend>::Saved routed;
     std::optional<typename GroupedExperts<Backend>::Saved> shared;
-    /// The activations (routing and plan are indices and fp32 statistics).
+    /// The activations (routing and plan: host indices and fp32 statistics, and the plan's
+    /// copies of its order and gate weights where the rows live).
     std::vector<Tensor*> tensors() {
       std::vector<Tensor*> out{&x, &back};
       for (Tensor* t : routed.tensors()) out.push_back(t);
@@ -138,8 +139,10 @@ class MoELayer {
     const std::int64_t n = x.dim(0), e = router_config_.num_experts;
     Tensor logits({n, e});
     linear_forward(Backend{}, x.data(), router_.value.data(), logits.data(), n, hidden_, e);
-    const Tensor host_logits = logits.to_host(), host_bias = bias_ ? bias_->value.to_host() : Tensor{};
-    Routing r = route(router_config_, host_logits.span(), host_bias.span());
+    Tensor logits_copy, bias_copy;  // host copies of tensors in a memory space
+    const Tensor& host_logits = on_host(logits, logits_copy);
+    Routing r = route(router_config_, host_logits.span(),
+                      bias_ ? std::span<const float>(on_host(bias_->value, bias_copy).span()) : std::span<const float>{});
     if (ctx.training) {  // a re-run for recomputation applies the capacity again but counts nothing
       if (!ctx.recomputing) {
         const auto load = expert_load(r);
@@ -229,6 +232,13 @@ class MoELayer {
   static std::string prefix(std::int64_t layer) { return "model.layers." + std::to_string(layer) + ".mlp"; }
 
  private:
+  // t itself on the host, else a host copy of it in `copy`.
+  static const Tensor& on_host(const Tensor& t, Tensor& copy) {
+    if (!t.space()) return t;
+    copy = t.to_host();
+    return copy;
+  }
+
   static std::vector<std::string> expert_prefixes(std::int64_t layer, std::int64_t first, std::int64_t count) {
     std::vector<std::string> out;
     for (std::int64_t g = first; g < first + count; ++g) out.push_back(prefix(layer) + ".experts." + std::to_string(g));
