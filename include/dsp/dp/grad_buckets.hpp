@@ -218,12 +218,8 @@ class GradBuckets {
               return;
             }
             if (!sharded()) {
-              for_each_slice(b, payload, [&](Tensor& grad, std::span<T> slice) {
-                if constexpr (std::is_same_v<T, float>) {  // copied into the gradient wherever each lives
-                  copy_elements(copier(grad), grad.data(), slice.data(), slice.size());
-                } else {  // widened where both live
-                  convert(Backend{}, static_cast<std::int64_t>(slice.size()), slice.data(), grad.data());
-                }
+              for_each_slice(b, payload, [&](model::Parameter& p, std::span<T> slice) {
+                unpack(p, slice.data(), p.grad.data(), slice.size());
               });
               return;
             }
@@ -350,13 +346,7 @@ class GradBuckets {
             for (int q = 0; q < n; ++q) {
               const zero::ShardRange r = zero::shard_range(slot.range.numel, n, q);
               const auto at = static_cast<std::size_t>(q * b.slice_elements + slot.offset);
-              if constexpr (std::is_same_v<T, float>) {  // copied from the gradient wherever each lives
-                copy_elements(copier(p->grad), payload.data() + at, p->grad.data() + r.begin,
-                              static_cast<std::size_t>(r.valid()));
-              } else {  // rounded where both live
-                check_with_payload(*p);
-                convert(Backend{}, r.valid(), p->grad.data() + r.begin, payload.data() + at);
-              }
+              pack(*p, p->grad.data() + r.begin, payload.data() + at, static_cast<std::size_t>(r.valid()));
             }
             if (releases_gradients()) p->grad = Tensor{};
           }
@@ -379,23 +369,41 @@ class GradBuckets {
       launch(buckets_[next_launch_++]);
   }
 
-  // A 16-bit payload is converted from and into the gradients by Backend's ops, which need both
-  // in one memory: throws Error naming the parameter and both memories otherwise.
+  // n elements of p's gradient at `grad` into a payload at `out` and back: an fp32 payload is
+  // copied wherever each lives; a 16-bit one is rounded (widened) by Backend's convert, which
+  // needs both in one memory: throws Error naming the parameter and both memories otherwise.
+  template <class T>
+  void pack(const model::Parameter& p, const float* grad, T* out, std::size_t n) const {
+    if constexpr (std::is_same_v<T, float>) {
+      copy_elements(copier(p.grad), out, grad, n);
+    } else {
+      check_with_payload(p);
+      convert(Backend{}, static_cast<std::int64_t>(n), grad, out);
+    }
+  }
+  template <class T>
+  void unpack(const model::Parameter& p, const T* in, float* grad, std::size_t n) const {
+    if constexpr (std::is_same_v<T, float>) {
+      copy_elements(copier(p.grad), grad, in, n);
+    } else {
+      check_with_payload(p);
+      convert(Backend{}, static_cast<std::int64_t>(n), in, grad);
+    }
+  }
   void check_with_payload(const model::Parameter& p) const {
     DSP_CHECK(p.grad.space() == space_, "grad buckets: ", p.spec.name, "'s gradient is in ",
               p.grad.space() ? p.grad.space()->name() : "host", " memory, the 16-bit payloads in ",
               space_ ? space_->name() : "host", " memory");
   }
 
-  // f(gradient, slice) for each parameter of the bucket: its gradient's elements sit at `slice`
-  // of the bucket's (unsharded) payload (16-bit: checked to be in the payload's memory).
+  // f(parameter, slice) for each parameter of the bucket: its gradient's elements sit at `slice`
+  // of the bucket's (unsharded) payload.
   template <class T, class F>
-  void for_each_slice(Bucket& b, Payload<T>& payload, F f) const {
+  static void for_each_slice(Bucket& b, Payload<T>& payload, F f) {
     std::size_t off = 0;
     for (auto* p : b.params) {
-      if constexpr (!std::is_same_v<T, float>) check_with_payload(*p);
       const auto n = static_cast<std::size_t>(p->grad.numel());
-      f(p->grad, payload.raw_span().subspan(off, n));
+      f(*p, payload.raw_span().subspan(off, n));
       off += n;
     }
   }
@@ -407,12 +415,8 @@ class GradBuckets {
     if (dp_->size() == 1 && !mixed_) return;
     std::visit(
         [&]<class T>(Payload<T>& payload) {
-          for_each_slice(b, payload, [&](Tensor& grad, std::span<T> slice) {
-            if constexpr (std::is_same_v<T, float>) {  // copied from the gradient wherever each lives
-              copy_elements(copier(grad), slice.data(), grad.data(), slice.size());
-            } else {  // rounded where both live
-              convert(Backend{}, static_cast<std::int64_t>(slice.size()), grad.data(), slice.data());
-            }
+          for_each_slice(b, payload, [&](model::Parameter& p, std::span<T> slice) {
+            pack(p, p.grad.data(), slice.data(), slice.size());
           });
           if (releases_gradients())
             for (auto* p : b.params) p->grad = Tensor{};
