@@ -8,6 +8,10 @@
 // ZeRO 0, micro-batch 2, global batch 4 (two micro-batches per step), on the bytes of
 // data/tinyshakespeare.txt. Every tensor lives in device memory
 // (MemorySpaceScope(memory_space(Cuda{}))); the GEMMs are cuBLAS fp32 (no TF32).
+// train_step_cuda/bf16_flash: the same with --bf16 (precision::Bf16Mixed: bf16 parameters,
+// gradients and activations rounded on the device, fp32 master weights and moments) and the
+// flash kernel. Its GEMMs are still the fp32 ones, on bf16-exact values: the step shows what
+// mixed precision's rounding costs and what its memory is, not tensor-core speed.
 //   time        wall time of one train_step and a synchronisation of the device (the
 //               optimizer's update is still queued when train_step returns); one warm-up step
 //               is not timed
@@ -19,12 +23,13 @@
 //   peak_GB     most device bytes held at once during a measured step (StepResult::memory:
 //               the device counters from the start of the step's schedule; GB = 1e9 B), all
 //               categories
-//   ledger_GB   plan::predict_training's total for the same plan (fp32, ZeRO 0)
+//   ledger_GB   plan::predict_training's total for the same plan (its precision, ZeRO 0)
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <type_traits>
 
 #include "../tests/data_dir.hpp"
 #include "dsp/backend/cuda.hpp"
@@ -43,7 +48,8 @@ model::ModelConfig bench_model() {
           .num_query_groups = 12, .ffn_hidden_size = 4096, .seq_length = 2048};
 }
 
-void BM_train_step_cuda(benchmark::State& state, bool flash) {
+template <class Precision>
+void train_step_case(benchmark::State& state, bool flash) {
   std::string why;
   if (backend::device_count(&why) == 0) {
     state.SkipWithError(("no CUDA device: " + why).c_str());
@@ -62,7 +68,7 @@ void BM_train_step_cuda(benchmark::State& state, bool flash) {
   comm::launch(1, [&](comm::ThreadComm& world) {
     MemorySpaceScope scope(memory_space(backend::Cuda{}));
     DeviceMesh mesh(world, ParallelLayout{});
-    train::Trainer<Policy<backend::Cuda, comm::ThreadComm>> trainer(config, tc, mesh, data);
+    train::Trainer<Policy<backend::Cuda, comm::ThreadComm, Precision>> trainer(config, tc, mesh, data);
     trainer.train_step();  // warm-up: cuBLAS loads its kernels, the memory pool grows
     backend::synchronize(backend::Cuda{});
     for (auto _ : state) {
@@ -77,7 +83,7 @@ void BM_train_step_cuda(benchmark::State& state, bool flash) {
   });
   plan::TrainingPlan plan;
   plan.model = config;
-  plan.precision = plan::Precision::Fp32;
+  plan.precision = std::is_same_v<Precision, precision::Bf16Mixed> ? plan::Precision::Bf16Mixed : plan::Precision::Fp32;
   plan.micro_batch_size = tc.micro_batch_size;
   plan.global_batch_size = tc.global_batch_size;
   const double tokens = double(tc.global_batch_size * config.seq_length) * double(state.iterations());
@@ -90,8 +96,14 @@ void BM_train_step_cuda(benchmark::State& state, bool flash) {
   state.counters["ledger_GB"] = double(plan::predict_training(plan).worst_rank().bytes.total()) / 1e9;
 }
 
+void BM_train_step_cuda(benchmark::State& state, bool flash, bool bf16) {
+  if (bf16) train_step_case<precision::Bf16Mixed>(state, flash);
+  else train_step_case<precision::Fp32>(state, flash);
+}
+
 }  // namespace
 
-BENCHMARK_CAPTURE(BM_train_step_cuda, fp32, false)->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
-BENCHMARK_CAPTURE(BM_train_step_cuda, fp32_flash, true)->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
+BENCHMARK_CAPTURE(BM_train_step_cuda, fp32, false, false)->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
+BENCHMARK_CAPTURE(BM_train_step_cuda, fp32_flash, true, false)->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
+BENCHMARK_CAPTURE(BM_train_step_cuda, bf16_flash, true, true)->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
 BENCHMARK_MAIN();

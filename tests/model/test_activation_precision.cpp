@@ -14,10 +14,12 @@
 #include "dsp/comm/launch.hpp"
 #include "dsp/core/dtype.hpp"
 #include "dsp/core/memory.hpp"
+#include "dsp/core/memory_space.hpp"
 #include "dsp/model/activation_precision.hpp"
 #include "dsp/model/causal_lm.hpp"
 #include "dsp/parallel/device_mesh.hpp"
 #include "dsp/policy.hpp"
+#include "../guarded_space.hpp"
 
 using namespace dsp;
 
@@ -38,7 +40,7 @@ TEST_CASE("round_activations is the 16-bit conversion, and nothing in fp32") {
   const Tensor x = ramp({5, 7});
   for (ActivationPrecision p : {ActivationPrecision::Fp32, ActivationPrecision::Bf16, ActivationPrecision::Fp16}) {
     Tensor r = x;
-    model::round_activations(p, r);
+    model::round_activations(backend::Host{}, p, r);
     for (std::int64_t i = 0; i < x.numel(); ++i) {
       const float want = p == ActivationPrecision::Bf16   ? static_cast<float>(bf16(x[i]))
                          : p == ActivationPrecision::Fp16 ? static_cast<float>(fp16(x[i]))
@@ -52,17 +54,17 @@ TEST_CASE("PackedTensors keeps 2 bytes per element and gives rounded values back
   for (ActivationPrecision p : {ActivationPrecision::Bf16, ActivationPrecision::Fp16}) {
     memory::CategoryScope scope(memory::Category::Activations);
     Tensor a = ramp({4, 8}), empty, b = ramp({3});
-    model::round_activations(p, a);
-    model::round_activations(p, b);
+    model::round_activations(backend::Host{}, p, a);
+    model::round_activations(backend::Host{}, p, b);
     const Tensor a0 = a, b0 = b;
     const std::int64_t before = memory::snapshot()[memory::Category::Activations].live;
     model::PackedTensors packed;
-    packed.pack(p, {&a, &empty, &b});
+    packed.pack(backend::Host{}, p, {&a, &empty, &b});
     CHECK(a.numel() == 0);
     CHECK(b.numel() == 0);
     CHECK(before - memory::snapshot()[memory::Category::Activations].live == (32 + 3) * 2);  // 4 -> 2 bytes
     Tensor a2, empty2, b2;  // the tensors may have moved: unpack by position
-    packed.unpack({&a2, &empty2, &b2});
+    packed.unpack(backend::Host{}, {&a2, &empty2, &b2});
     CHECK(a2.shape() == a0.shape());
     CHECK(a2.values() == a0.values());
     CHECK(b2.values() == b0.values());
@@ -72,12 +74,37 @@ TEST_CASE("PackedTensors keeps 2 bytes per element and gives rounded values back
   Tensor x = ramp({2});
   const Tensor x0 = x;
   model::PackedTensors fp32;
-  fp32.pack(ActivationPrecision::Fp32, {&x});
+  fp32.pack(backend::Host{}, ActivationPrecision::Fp32, {&x});
   CHECK(x.values() == x0.values());  // fp32: nothing packed
   model::PackedTensors bad;
-  bad.pack(ActivationPrecision::Bf16, {&x});
+  bad.pack(backend::Host{}, ActivationPrecision::Bf16, {&x});
   Tensor y, z;
-  CHECK_THROWS_AS(bad.unpack({&y, &z}), Error);
+  CHECK_THROWS_AS(bad.unpack(backend::Host{}, {&y, &z}), Error);
+}
+
+TEST_CASE("in a memory space the packed tensors are 16-bit buffers there, made and read by the backend's convert ops") {
+  for (ActivationPrecision p : {ActivationPrecision::Bf16, ActivationPrecision::Fp16}) {
+    test::GuardedSpace space;
+    Tensor host = ramp({4, 8});
+    const Tensor raw = host;
+    model::round_activations(backend::Host{}, p, host);
+    {
+      MemorySpaceScope in_space(&space);
+      memory::CategoryScope scope(memory::Category::Activations);
+      Tensor a = host.to(&space), rounded = raw.to(&space);
+      model::round_activations(backend::Host{}, p, rounded);  // in the space: the host's rounding
+      CHECK(rounded.to_host().values() == host.values());
+      const std::int64_t before = space.counters[memory::Category::Activations].live;
+      model::PackedTensors packed;
+      packed.pack(backend::Host{}, p, {&a});
+      CHECK(before - space.counters[memory::Category::Activations].live == 32 * 2);  // 4 -> 2 bytes, in the space
+      Tensor back;
+      packed.unpack(backend::Host{}, {&back});
+      CHECK(back.space() == &space);
+      CHECK(back.to_host().values() == host.values());
+    }
+    CHECK(space.counters.total.live == 0);
+  }
 }
 
 namespace {

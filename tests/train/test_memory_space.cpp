@@ -78,12 +78,12 @@ struct MoeRun {
   int ep = 1;
 };
 
-template <class Comm = comm::ThreadComm>
+template <class Comm = comm::ThreadComm, class Precision = precision::Fp32>
 Run train_run(bool guarded, int tp, int pp, int dp, int steps, int zero_stage = 0, bool loss_scaling = false,
               double offload_ratio = 0.0, dp::GradReduceDType grad_reduce_dtype = dp::GradReduceDType::Fp32,
               const std::filesystem::path& checkpoint = {}, int checkpoint_after = 0,
               const std::optional<MoeRun>& moe = std::nullopt) {
-  using P = Policy<backend::Host, Comm>;
+  using P = Policy<backend::Host, Comm, Precision>;
   const auto config = moe ? moe->config : test::small_model();
   const auto& data = test::shakespeare(config.seq_length);
   train::TrainConfig tc = test::small_train_config(8, steps);
@@ -111,7 +111,8 @@ Run train_run(bool guarded, int tp, int pp, int dp, int steps, int zero_stage = 
       int step = 0;
       if (loss_scaling)  // the test writes the gradient's memory directly: GuardedSpace is host memory underneath
         trainer_ptr->set_grad_hook([&](train::Trainer<P>& t) {
-          if (step == 1) t.optimizer().gradient(0)[0] = std::numeric_limits<float>::infinity();
+          using G = std::remove_reference_t<decltype(t.optimizer().gradient(0)[0])>;  // float, bf16, fp16
+          if (step == 1) t.optimizer().gradient(0)[0] = G(std::numeric_limits<float>::infinity());
         });
       for (int s = 0; s < steps; ++s, ++step) {
         if (!checkpoint.empty() && s == checkpoint_after) {  // save, then resume in a new trainer
@@ -326,19 +327,50 @@ TEST_CASE("16-bit gradient transport in the space (--grad-reduce-dtype bf16 / fp
     }
 }
 
-TEST_CASE("mixed precision keeps 16-bit parameters on the host: a bf16 trainer built in a space fails naming it") {
-  using P = Policy<backend::Host, comm::ThreadComm, precision::Bf16Mixed>;
-  const auto config = test::small_model();
-  test::GuardedSpace space;
-  comm::launch(1, [&](comm::ThreadComm& world) {
-    MemorySpaceScope scope(&space);
-    DeviceMesh mesh(world, ParallelLayout{});
-    CHECK_THROWS_WITH_AS(train::Trainer<P>(config, test::small_train_config(8, 1), mesh, test::shakespeare(config.seq_length)),
-                         doctest::Contains("mixed precision (16-bit parameter storage, fp32 master weights) runs on the "
-                                           "host, not yet in guarded test memory"),
-                         Error);
-  });
-  CHECK(space.counters.total.live == 0);  // what the failed constructor allocated was freed
+TEST_CASE("mixed precision in the space (bf16 and fp16 parameters, gradients and activations, fp32 master weights) at DP=2, ZeRO 0-3: rounded and widened by the backend's convert ops; bitwise the host run") {
+  // fp16 runs with dynamic loss scaling (its default), an infinity injected at step 2: the
+  // overflow check reads 16-bit gradients copied out of the space.
+  const auto both = [](auto precision, int stage) {
+    using Precision = decltype(precision);
+    const bool fp16 = Precision::dynamic_loss_scaling;
+    const int steps = fp16 ? 3 : 2;
+    const Run host = train_run<comm::ThreadComm, Precision>(false, 1, 1, 2, steps, stage, fp16),
+              guarded = train_run<comm::ThreadComm, Precision>(true, 1, 1, 2, steps, stage, fp16);
+    CHECK(guarded.every_parameter_in_space);
+    check_bitwise(guarded, host);
+    CHECK(host.skipped == (fp16 ? 1 : 0));
+    // 16-bit parameters (2 bytes) in the space, fp32 master weights and moments (12 bytes per
+    // owned element) there too, nothing on the host
+    CHECK(guarded.space_moment_bytes == host.host_moment_bytes);
+    CHECK(guarded.host_moment_bytes == 0);
+    CHECK(guarded.host_communication_peak == 0);
+    CHECK(host.params != train_run(false, 1, 1, 2, steps, stage, fp16).params);  // not the fp32 run
+  };
+  for (int stage : {0, 1, 2, 3}) {
+    CAPTURE(stage);
+    both(precision::Bf16Mixed{}, stage);
+    both(precision::Fp16Mixed{}, stage);
+  }
+}
+
+TEST_CASE("mixed precision in the space with TP=2 x PP=2 through StagingComm, and with half the optimizer state offloaded (ZeRO 0, 2 and 3): the master slices updated in pinned memory, the rounded slices copied back; bitwise the host run") {
+  using Bf16 = precision::Bf16Mixed;
+  using Staging = comm::StagingComm<comm::ThreadComm>;
+  const Run host = train_run<comm::ThreadComm, Bf16>(false, 2, 2, 1, 2),
+            staged = train_run<Staging, Bf16>(true, 2, 2, 1, 2);
+  CHECK(staged.every_parameter_in_space);
+  check_bitwise(staged, host);
+  for (int stage : {0, 2, 3}) {
+    CAPTURE(stage);
+    const Run want = train_run<comm::ThreadComm, Bf16>(false, 1, 1, 2, 2, stage),
+              offloaded = train_run<comm::ThreadComm, Bf16>(true, 1, 1, 2, 2, stage, false, 0.5);
+    check_bitwise(offloaded, want);
+    CHECK(offloaded.pinned_moment_bytes > 0);
+    CHECK(offloaded.space_moment_bytes > 0);
+    // pinned at stage 0 (no slice padding): the moments and master weights (12 bytes per
+    // element), and the copies of the 16-bit gradient (2) and of the rounded slice (2)
+    if (stage == 0) CHECK(offloaded.pinned_bytes * 12 == offloaded.pinned_moment_bytes * (12 + 2 + 2));
+  }
 }
 
 TEST_CASE("checkpoints from and into the space: save after 2 steps, resume in a new trainer; bitwise the uninterrupted host run") {
@@ -353,6 +385,15 @@ TEST_CASE("checkpoints from and into the space: save after 2 steps, resume in a 
     CHECK(resumed.every_parameter_in_space);
     check_bitwise(resumed, host);
   }
+  // bf16 at DP=2, stage 1, half offloaded: the master weights saved (all-gathered from pinned
+  // slices through the space) and loaded back into pinned slices and 16-bit storage
+  using Bf16 = precision::Bf16Mixed;
+  const Run host = train_run<comm::ThreadComm, Bf16>(false, 1, 1, 2, 3, 1);
+  checkpoint_test::TempDir dir;
+  const Run resumed =
+      train_run<comm::ThreadComm, Bf16>(true, 1, 1, 2, 3, 1, false, 0.5, dp::GradReduceDType::Fp32, dir / "ckpt", 2);
+  CHECK(resumed.every_parameter_in_space);
+  check_bitwise(resumed, host);
 }
 
 }  // namespace train_memory_space_test

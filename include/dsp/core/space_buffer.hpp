@@ -1,16 +1,15 @@
 #pragma once
 // SpaceBuffer<T>: a flat, typed, zeroed buffer where the tensors live (the current memory space,
 // core/memory_space.hpp, or host memory), counted under a memory category: the payloads of the
-// gradient buckets and ZeRO's parameter slices and all-gather buffers. Communicators and ops
-// take its raw_span(); host code reads it only through host_span(), which throws for a buffer
-// in another space, as Tensor's host accessors do.
+// gradient buckets, ZeRO's parameter slices and all-gather buffers, packed 16-bit activations.
+// Communicators and ops take its raw_span(); host code copies its elements out (copy_elements)
+// when it may be in another space.
 #include <cstddef>
 #include <cstring>
 #include <span>
 #include <utility>
 #include <vector>
 
-#include "dsp/core/error.hpp"
 #include "dsp/core/memory.hpp"
 #include "dsp/core/memory_space.hpp"
 
@@ -46,12 +45,6 @@ class SpaceBuffer {
   bool empty() const { return size_ == 0; }
   /// The memory space the elements are in; null for host memory.
   MemorySpace* space() const { return block_.space(); }
-  /// The elements for host code. Throws Error when they are in another memory space, saying
-  /// `what` needs them on the host.
-  std::span<T> host_span(const char* what) {
-    DSP_CHECK(!block_.space(), what, " runs on the host, but its buffer is in ", block_.space()->name(), " memory");
-    return host_;
-  }
 
  private:
   std::size_t size_ = 0;

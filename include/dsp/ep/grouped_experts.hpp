@@ -67,9 +67,9 @@ class GroupedExperts {
       if (rows[e] == 0) continue;
       linear_forward(Backend{}, x.data() + r0 * hidden_, gate_up_[e]->value.data(), gu.data() + r0 * 2 * f, rows[e],
                      hidden_, 2 * f);
-      model::round_activations(precision, std::span(gu.data() + r0 * 2 * f, static_cast<std::size_t>(rows[e] * 2 * f)));
+      model::round_activations(Backend{}, precision, gu.data() + r0 * 2 * f, rows[e] * 2 * f);
       swiglu_forward(Backend{}, gu.data() + r0 * 2 * f, rows[e], f, act.data() + r0 * f);
-      model::round_activations(precision, std::span(act.data() + r0 * f, static_cast<std::size_t>(rows[e] * f)));
+      model::round_activations(Backend{}, precision, act.data() + r0 * f, rows[e] * f);
       linear_forward(Backend{}, act.data() + r0 * f, down_[e]->value.data(), y.data() + r0 * hidden_, rows[e], f,
                      hidden_);
     }
@@ -85,7 +85,7 @@ class GroupedExperts {
     if (s.act.numel() == 0 && n > 0) {
       recomputed = Tensor({n, f});
       swiglu_forward(Backend{}, s.gate_up.data(), n, f, recomputed.data());
-      model::round_activations(s.precision, recomputed);
+      model::round_activations(Backend{}, s.precision, recomputed);
     }
     const Tensor& act = s.act.numel() > 0 ? s.act : recomputed;
     Tensor dact({n, f}), dgu({n, 2 * f}), dx({n, hidden_});

@@ -162,7 +162,7 @@ class MoELayer {
     Tensor back = dispatcher_.undispatch(plan, routed_.forward(local, plan.rows_per_local_expert,
                                                                saved ? &saved->routed : nullptr, keep_act,
                                                                ctx.activations));
-    model::round_activations(ctx.activations, back);
+    model::round_activations(Backend{}, ctx.activations, back);
     Tensor y = dispatcher_.combine(plan, r, back);
     if (shared_) {
       if (saved) saved->shared.emplace();

@@ -67,7 +67,7 @@ class Attention {
     copy_columns(Backend{}, qkv.data(), qw + 2 * kw, qw + kw, v.data(), kw, 0, n, kw);
     rope_forward(Backend{}, q.data(), positions.data(), n, heads_, d_, theta_, q.data());
     rope_forward(Backend{}, k.data(), positions.data(), n, kv_heads_, d_, theta_, k.data());
-    for (Tensor* t : {&q, &k, &v}) round_activations(ctx.activations, *t);
+    for (Tensor* t : {&q, &k, &v}) round_activations(Backend{}, ctx.activations, *t);
 
     Tensor context({n, qw});
     Tensor probs, lse;
@@ -94,9 +94,9 @@ class Attention {
       if (saved && !ctx.recompute.selective()) probs = Tensor({ctx.batch, heads_, ctx.seq, ctx.seq});
       attention_forward(Backend{}, q.data(), k.data(), v.data(), positions.data(), ctx.batch, ctx.seq, ctx.seq,
                         heads_, kv_heads_, d_, context.data(), probs.numel() > 0 ? probs.data() : nullptr);
-      round_activations(ctx.activations, probs);
+      round_activations(Backend{}, ctx.activations, probs);
     }
-    round_activations(ctx.activations, context);
+    round_activations(Backend{}, ctx.activations, context);
     Tensor y = o_.forward(context);
     if (saved)
       *saved = {x, std::move(q), std::move(k), std::move(v), std::move(probs), std::move(context), std::move(lse)};
@@ -120,7 +120,7 @@ class Attention {
         Tensor context({n, qw});
         attention_forward(Backend{}, s.q.data(), s.k.data(), s.v.data(), positions.data(), ctx.batch, ctx.seq,
                           ctx.seq, heads_, kv_heads_, d_, context.data(), recomputed.data());
-        round_activations(ctx.activations, recomputed);  // as the forward would have kept them
+        round_activations(Backend{}, ctx.activations, recomputed);  // as the forward would have kept them
       }
       const Tensor& probs = s.probs.numel() > 0 ? s.probs : recomputed;
       attention_backward(Backend{}, s.q.data(), s.k.data(), s.v.data(), probs.data(), dcontext.data(), ctx.batch,

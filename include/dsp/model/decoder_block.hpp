@@ -53,17 +53,17 @@ class DecoderBlock {
   Tensor forward(const ForwardContext& ctx, const Tensor& x, Saved* saved) {
     trace::Span span(forward_span_, trace::Kind::Compute);
     Tensor normed = norm1_.forward(x, saved ? &saved->norm1 : nullptr);
-    round_activations(ctx.activations, normed);
+    round_activations(Backend{}, ctx.activations, normed);
     Tensor h = attn_.forward(ctx, normed, saved ? &saved->attn : nullptr);
     add(Backend{}, x.numel(), x.data(), h.data());
-    round_activations(ctx.activations, h);
+    round_activations(Backend{}, ctx.activations, h);
     normed = norm2_.forward(h, saved ? &saved->norm2 : nullptr);
-    round_activations(ctx.activations, normed);
+    round_activations(Backend{}, ctx.activations, normed);
     Tensor out = moe_ ? moe_->forward(ctx, normed, saved ? &saved->moe : nullptr)
                       : mlp_->forward(normed, saved ? &saved->mlp : nullptr, !ctx.recompute.selective(),
                                       ctx.activations);
     add(Backend{}, h.numel(), h.data(), out.data());
-    round_activations(ctx.activations, out);
+    round_activations(Backend{}, ctx.activations, out);
     return out;
   }
   /// dout [tokens, hidden] -> dx; accumulates every parameter's gradient.

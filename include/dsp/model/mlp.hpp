@@ -40,11 +40,11 @@ class MLP {
   Tensor forward(const Tensor& x, Saved* saved, bool keep_act = true,
                  ActivationPrecision precision = ActivationPrecision::Fp32) {
     Tensor gu = gate_up_.forward(x);
-    round_activations(precision, gu);
+    round_activations(Backend{}, precision, gu);
     const std::int64_t n = x.dim(0), f = gu.dim(1) / 2;
     Tensor act({n, f});
     swiglu_forward(Backend{}, gu.data(), n, f, act.data());
-    round_activations(precision, act);
+    round_activations(Backend{}, precision, act);
     Tensor y = down_.forward(act);
     if (saved) *saved = {x, std::move(gu), keep_act ? std::move(act) : Tensor{}, precision};
     return y;
@@ -55,7 +55,7 @@ class MLP {
     if (s.act.numel() == 0) {
       recomputed = Tensor({s.gate_up.dim(0), s.gate_up.dim(1) / 2});
       swiglu_forward(Backend{}, s.gate_up.data(), recomputed.dim(0), recomputed.dim(1), recomputed.data());
-      round_activations(s.precision, recomputed);
+      round_activations(Backend{}, s.precision, recomputed);
     }
     const Tensor dact = down_.backward(s.act.numel() > 0 ? s.act : recomputed, dy);
     Tensor dgu(s.gate_up.shape());

@@ -134,7 +134,7 @@ class PipelineStage {
       act.logits = std::move(y);
       loss = loss_.forward(act.logits, act.targets, act.loss);
     }
-    act.packed_head.pack(ctx.activations, act.head_tensors());
+    act.packed_head.pack(Backend{}, ctx.activations, act.head_tensors());
     if (!layers_.post_process) return y;
     return Tensor({static_cast<std::int64_t>(loss.size())}, loss);
   }
@@ -158,7 +158,7 @@ class PipelineStage {
       if (on_grad_ready && &p != tied_embedding()) (*on_grad_ready)(p);
     };
     Tensor dx;
-    act.packed_head.unpack(act.head_tensors());
+    act.packed_head.unpack(Backend{}, act.head_tensors());
     const std::size_t first_block = embed_ ? 1 : 0;  // parameter_parts() index of block 0
     if (!layers_.post_process) {
       dx = dy;
@@ -175,7 +175,7 @@ class PipelineStage {
       const std::size_t part = first_block + l;
       acquire(part, part > 0 ? std::optional(part - 1) : std::nullopt, true);
       recompute_group_ending_at(l, act);
-      act.packed_blocks[l].unpack(act.blocks[l].tensors());
+      act.packed_blocks[l].unpack(Backend{}, act.blocks[l].tensors());
       dx = blocks_[l]->backward(act.ctx, dx, act.blocks[l]);
       act.blocks[l] = {};  // this layer's activations are spent
       if (on_grad_ready) {
@@ -277,7 +277,7 @@ class PipelineStage {
       acquire(0, next(0), false);
       x = embed_->forward(ids);
       release(0);
-      model::round_activations(ctx.activations, x);
+      model::round_activations(Backend{}, ctx.activations, x);
     }
     DSP_CHECK(x.rank() == 2 && x.dim(0) == ctx.tokens() && x.dim(1) == config_.hidden_size, "pipeline stage input ",
               shape_str(x.shape()), " is not [", ctx.tokens(), ", ", config_.hidden_size, "]");
@@ -293,20 +293,20 @@ class PipelineStage {
       const auto group = act ? ctx.recompute.group(l, n) : std::nullopt;  // full recomputation
       if (group && group->first == l) {
         act->group_inputs[i] = x;
-        act->packed_inputs[i].pack(ctx.activations, {&act->group_inputs[i]});
+        act->packed_inputs[i].pack(Backend{}, ctx.activations, {&act->group_inputs[i]});
       }
       const std::size_t part = first_block + i;
       acquire(part, next(part), false);
       x = blocks_[i]->forward(ctx, x, act && !group ? &act->blocks[i] : nullptr);
-      if (act && !group) act->packed_blocks[i].pack(ctx.activations, act->blocks[i].tensors());
+      if (act && !group) act->packed_blocks[i].pack(Backend{}, ctx.activations, act->blocks[i].tensors());
       release(part);
     }
     if (!layers_.post_process) return x;
     acquire(parts - 1, std::nullopt, false);
     Tensor normed = final_norm_->forward(x, act ? &act->final_norm : nullptr);
-    model::round_activations(ctx.activations, normed);
+    model::round_activations(Backend{}, ctx.activations, normed);
     Tensor logits = lm_head_->forward(normed);
-    model::round_activations(ctx.activations, logits);  // the loss computes in fp32 from them
+    model::round_activations(Backend{}, ctx.activations, logits);  // the loss computes in fp32 from them
     release(parts - 1);
     if (act) act->normed = std::move(normed);
     return logits;
@@ -322,7 +322,7 @@ class PipelineStage {
     model::ForwardContext ctx = act.ctx;
     ctx.recomputing = true;
     const auto first = static_cast<std::size_t>(group->first);
-    act.packed_inputs[first].unpack({&act.group_inputs[first]});  // 16-bit until its group is needed
+    act.packed_inputs[first].unpack(Backend{}, {&act.group_inputs[first]});  // 16-bit until its group is needed
     Tensor x = std::move(act.group_inputs[first]);
     const std::size_t first_block = embed_ ? 1 : 0;
     for (std::int64_t k = group->first; k < group->second; ++k) {

@@ -2,10 +2,10 @@
 // Mixed-precision policies (Micikevicius et al., "Mixed Precision Training", ICLR 2018; the
 // ZeRO paper's model state of 2 + 2 + 12 bytes per parameter, section 3.1): parameters and
 // gradients stored in 16 bits, fp32 master weights and Adam moments (zero::ZeroOptimizer with
-// T = storage_type), gradients reduced in 16 bits with fp32 accumulation. On the Host backend
-// the layers compute in fp32 on the 16-bit values widened (a 16-bit GEMM with fp32
-// accumulation gives the same products); norms, softmax, the loss and the router are fp32 as in
-// Megatron.
+// T = storage_type), gradients reduced in 16 bits with fp32 accumulation. On every backend the
+// layers compute in fp32 on the 16-bit values widened (a 16-bit GEMM with fp32 accumulation
+// gives the same products), rounded and widened by the backend's convert ops where the tensors
+// live; norms, softmax, the loss and the router are fp32 as in Megatron.
 #include "dsp/core/dtype.hpp"
 
 namespace dsp::precision {

@@ -175,9 +175,9 @@ class Trainer {
   /// that reads device memory and also takes the trainer's host-side sums in its blocking
   /// forms (comm::StagingComm, for ranks sharing one GPU; NcclComm, one GPU per rank, which
   /// stages host memory through device copies); checkpoints (train/checkpointing.hpp) copy
-  /// through the host; --grad-reduce-dtype bf16 / fp16 rounds the gradients where they live.
-  /// Mixed precision (16-bit activations and parameters) still reads tensors on the host and
-  /// throws Error naming the space.
+  /// through the host; --grad-reduce-dtype bf16 / fp16 and mixed precision (16-bit activations,
+  /// parameters and gradients, fp32 master weights; offload included) round and widen with the
+  /// backend's convert ops where the tensors live.
   /// Collective over the mesh. Throws ConfigError when the model does not split over TP or
   /// the pipeline, the batch sizes do not divide, or the schedule does not fit them (e.g.
   /// interleaved with micro-batches not a multiple of the pipeline size).

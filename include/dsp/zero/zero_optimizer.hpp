@@ -26,7 +26,9 @@
 // of the model that reads it is acquired, at every stage; its fp32 gradient only from the
 // acquire before its first backward until its bucket is packed. The update widens the 16-bit
 // gradient (times the loss-scale and clipping factors), steps the master slice and rounds it
-// back into the stored parameter, which stages 1 and 2 all-gather in T.
+// back into the stored parameter, which stages 1 and 2 all-gather in T. Rounding and widening
+// go through Backend's convert ops (backend/host/convert.hpp, backend/cuda/convert.cuh), so
+// mixed precision runs wherever the tensors live.
 //
 // Gradient-norm clipping (Pascanu et al. 2013) is here too, because which elements a rank
 // holds depends on the stage: each global element counts once (replicated parameters on TP
@@ -85,17 +87,17 @@ class ZeroOptimizer {
   /// (mixed_precision); stores each parameter in T (Parameters), its owned slice's fp32 master
   /// copy as OptimizerState, and frees the fp32 values and gradients. Throws Error for a
   /// parameter in no bucket, buckets of mixed stages, or buckets that keep the wrong precision,
-  /// and when a parameter or the buckets are in another memory space than the current one;
-  /// mixed precision keeps its 16-bit parameters and master weights on the host, so it throws
-  /// Error naming the space when one is current.
+  /// and when a parameter or the buckets are in another memory space than the current one.
   /// offload_ratio (ZeRO-Offload, Ren et al., USENIX ATC'21, section 4; DeepSpeed's
   /// offload_optimizer.ratio, Megatron's --optimizer-offload-fraction): the fraction of the
   /// optimizer state kept in host memory and updated by the CPU: the state of the first
   /// parameters in `params` until that fraction of their elements is reached (so at least the
   /// fraction, by at most one parameter). Throws ConfigError outside [0, 1]. Built in a memory
-  /// space (fp32 on a device), the offloaded moments and a host copy of each offloaded slice's
-  /// values (Parameters) and gradient (Gradients) are in the space's pinned host memory
-  /// (MemorySpace::pinned_host(); ordinary host memory when it has none), allocated once.
+  /// space (a device's), the offloaded moments and, in fp32, a host copy of each offloaded
+  /// slice's values (Parameters) and gradient (Gradients) are in the space's pinned host memory
+  /// (MemorySpace::pinned_host(); ordinary host memory when it has none), allocated once;
+  /// with mixed precision the master slice is there too, and the pinned copies are of the
+  /// 16-bit gradient (Gradients) and of the rounded slice the CPU sends back (Parameters), in T.
   ZeroOptimizer(std::vector<model::Parameter*> params, std::vector<Buckets*> buckets, AdamWConfig config,
                 int tp_size, int tp_rank, double offload_ratio = 0.0)
       : config_(config),
@@ -107,8 +109,6 @@ class ZeroOptimizer {
     std::int64_t total = 0, offloaded = 0;  // parameter elements
     for (auto* p : params) total += p->value.numel();
     const auto space_name = [](const MemorySpace* m) { return m ? m->name() : std::string_view("host"); };
-    DSP_CHECK(!mixed || !space_, "zero: mixed precision (16-bit parameter storage, fp32 master weights) runs on the "
-              "host, not yet in ", space_name(space_), " memory");
     for (auto* b : buckets) {
       DSP_CHECK(b->space() == space_, "zero: gradient buckets built in ", space_name(b->space()),
                 " memory for an optimizer built in ", space_name(space_), " memory");
@@ -130,10 +130,11 @@ class ZeroOptimizer {
       s.offloaded = static_cast<double>(offloaded) < offload_ratio * static_cast<double>(total);
       if (s.offloaded) offloaded += dsp::numel(s.shape);
       MemorySpace* state_space = s.offloaded ? host_space() : space_;
-      if (s.offloaded && space_ && !mixed) {  // the CPU update's inputs, copied out of the space each step
+      if (s.offloaded && space_) {  // the CPU update's inputs and output, copied through pinned memory each step
         const auto n = static_cast<std::size_t>(s.range.valid());
-        s.staged_values = SpaceBuffer<float>(n, memory::Category::Parameters, host_space());
-        s.staged_gradient = SpaceBuffer<float>(n, memory::Category::Gradients, host_space());
+        if constexpr (mixed) s.staged_stored = SpaceBuffer<T>(n, memory::Category::Parameters, host_space());
+        else s.staged_values = SpaceBuffer<float>(n, memory::Category::Parameters, host_space());
+        s.staged_gradient = SpaceBuffer<T>(n, memory::Category::Gradients, host_space());
       }
       s.exp_avg = Tensor(moment, memory::Category::OptimizerState, state_space);
       s.exp_avg_sq = Tensor(moment, memory::Category::OptimizerState, state_space);
@@ -143,11 +144,11 @@ class ZeroOptimizer {
       if (stage_ >= 2 || mixed) p->grad = Tensor{};
       if constexpr (mixed) {
         s.master = Tensor({s.range.size}, memory::Category::OptimizerState, state_space);
-        std::copy_n(p->value.span().data() + s.range.begin, s.range.valid(), s.master.span().data());
+        copy_elements(space_, s.master.data(), p->value.data() + s.range.begin, static_cast<std::size_t>(s.range.valid()));
       }
       if (transient_values()) {  // what is stored: the owned slice (stage 3) or the whole shard in T
         s.stored = SpaceBuffer<T>(static_cast<std::size_t>(stage_ == 3 ? s.range.size : p->value.numel()),
-                                  memory::Category::Parameters, buffer_space());
+                                  memory::Category::Parameters, space_);
         store(s);
         p->value = Tensor{};
       }
@@ -176,7 +177,7 @@ class ZeroOptimizer {
       }
     }
     // the last step's copies back may still read the offloaded slots' pinned buffers
-    if (space_ && std::any_of(slots_.begin(), slots_.end(), [](const Slot& s) { return !s.staged_values.empty(); })) {
+    if (space_ && std::any_of(slots_.begin(), slots_.end(), [](const Slot& s) { return !s.staged_gradient.empty(); })) {
       try {
         space_->synchronize();
       } catch (...) {
@@ -231,15 +232,10 @@ class ZeroOptimizer {
     if constexpr (mixed) grad_factor_ = factor;
     for (auto& s : slots_) {
       const std::span<T> g = grad(s);
-      const auto finite = [](auto x) { return std::isfinite(static_cast<float>(x)); };
-      if constexpr (!mixed) {
-        SpaceBuffer<float> copy;
-        const std::span<const float> h = host_gradient(g, copy);
-        found = found || !std::all_of(h.begin(), h.end(), finite);
-        scale(Backend{}, static_cast<std::int64_t>(g.size()), factor, g.data());
-      } else {
-        found = found || !std::all_of(g.begin(), g.end(), finite);
-      }
+      SpaceBuffer<T> copy;
+      const std::span<const T> h = host_gradient(g, copy);
+      found = found || !std::all_of(h.begin(), h.end(), [](T x) { return std::isfinite(static_cast<float>(x)); });
+      if constexpr (!mixed) scale(Backend{}, static_cast<std::int64_t>(g.size()), factor, g.data());
     }
     return found;
   }
@@ -255,11 +251,13 @@ class ZeroOptimizer {
   /// parameters over their groups. Collective over the buckets' groups from stage 1.
   /// Mixed precision: steps the fp32 master slice from the widened gradient and rounds it into
   /// the stored 16-bit parameter. Offloaded state (offload_ratio), as ZeRO-Offload (section
-  /// 4.2) schedules it: in a memory space, the offloaded slices' values and gradients are
-  /// copied into their pinned host copies (enqueued, then waited for once); the backend's
-  /// updates of the rest are enqueued (on a device they run while the CPU works); the CPU
-  /// updates the offloaded ones (the Host op, the same formula); their values are copied back
-  /// (enqueued: the space's later work waits for them, the host does not).
+  /// 4.2) schedules it: in a memory space, the offloaded slices' gradients (and in fp32 their
+  /// values) are copied into their pinned host copies (enqueued, then waited for once); the
+  /// backend's updates of the rest are enqueued (on a device they run while the CPU works); the
+  /// CPU updates the offloaded ones (the Host op, the same formula; mixed precision widens the
+  /// 16-bit gradient first, as the backend would); their values (mixed precision: the rounded
+  /// 16-bit slice) are copied back (enqueued: the space's later work waits for them, the host
+  /// does not).
   void step(float lr) {
     drop_prefetch();
     ++step_;
@@ -271,11 +269,19 @@ class ZeroOptimizer {
       if (s.offloaded) continue;
       Tensor wide;
       const std::span<const float> g = fp32_gradient(s, wide);
-      update(Backend{}, s, owned_values(s), g.data(), static_cast<std::int64_t>(g.size()), lr);
+      update(Backend{}, s, owned_values(s), g.data(), static_cast<std::int64_t>(g.size()), lr, stored_slice(s));
     }
     for (auto& h : on_host) {
-      update(backend::Host{}, *h.slot, h.values, h.gradient, h.n, lr);
-      if (h.staged) space_->copy_async(owned_values(*h.slot), h.values, static_cast<std::size_t>(h.n) * sizeof(float));
+      if constexpr (mixed)
+        if (h.staged) {  // the 16-bit gradient has landed in pinned memory: widen it here
+          h.wide = Tensor({h.n}, memory::Category::Workspace, nullptr);
+          widen(backend::Host{}, h.n, h.slot->staged_gradient.data(), h.wide.data());
+          h.gradient = h.wide.data();
+        }
+      update(backend::Host{}, *h.slot, h.values, h.gradient, h.n, lr, h.stored);
+      if (!h.staged) continue;
+      if constexpr (mixed) space_->copy_async(stored_slice(*h.slot), h.stored, static_cast<std::size_t>(h.n) * sizeof(T));
+      else space_->copy_async(owned_values(*h.slot), h.values, static_cast<std::size_t>(h.n) * sizeof(float));
     }
     grad_factor_ = 1.0f;
     if (stage_ == 1 || stage_ == 2) gather_parameters();
@@ -337,9 +343,11 @@ class ZeroOptimizer {
     drop_prefetch();
     if constexpr (mixed)
       for (auto& s : slots_) {
-        Tensor master = stage_ == 0 ? s.master : whole(s, s.master);
+        SpaceBuffer<float> gathered;
+        if (stage_ > 0) gathered = whole(s, s.master);
         s.p->value = Tensor(s.shape, memory::Category::Parameters);
-        std::copy_n(master.span().data(), s.p->value.numel(), s.p->value.span().data());
+        copy_elements(space_, s.p->value.data(), stage_ > 0 ? gathered.data() : s.master.data(),
+                      static_cast<std::size_t>(s.p->value.numel()));
       }
     else if (stage_ == 3)
       acquire(parameters(), nullptr, false);
@@ -348,7 +356,8 @@ class ZeroOptimizer {
   /// of the (now loaded) whole parameters; then frees what gather_for_checkpoint made whole.
   void partition_after_checkpoint(bool loaded) {
     for (auto& s : slots_) {
-      if (loaded && mixed) std::copy_n(s.p->value.span().data() + s.range.begin, s.range.valid(), s.master.span().data());
+      if (loaded && mixed)
+        copy_elements(space_, s.master.data(), s.p->value.data() + s.range.begin, static_cast<std::size_t>(s.range.valid()));
       if (loaded && transient_values()) store(s);
       if (mixed) s.p->value = Tensor{};
     }
@@ -386,19 +395,20 @@ class ZeroOptimizer {
     Tensor exp_avg, exp_avg_sq;      // the owned slice (whole at stage 0)
     Tensor master;                   // mixed precision: fp32 master weights of the owned slice
     SpaceBuffer<T> stored;           // stage 3: the owned slice; mixed precision: the whole shard below stage 3
-    SpaceBuffer<float> staged_values, staged_gradient;  // offloaded fp32 in a space: the CPU's copies (pinned)
+    SpaceBuffer<float> staged_values;  // offloaded fp32 in a space: the CPU's copy of the owned values (pinned)
+    SpaceBuffer<T> staged_gradient;    // offloaded in a space: the CPU's copy of the reduced gradient (pinned)
+    SpaceBuffer<T> staged_stored;      // offloaded mixed precision in a space: the rounded slice sent back
     SpaceArray<float> weights;       // ownership weights of the whole local shard (empty: all owned), where the gradients are
     int refs = 0;                    // stage 3: acquired parts reading the parameter
   };
 
-  // One AdamW update on backend B of the n owned values from gradient g (pointers B reads).
+  // One AdamW update on backend B of the n owned values from gradient g (pointers B reads);
+  // mixed precision: then the values (the master slice) rounded into `stored` (B writes it).
   template <class B>
-  void update(B b, Slot& s, float* values, const float* g, std::int64_t n, float lr) {
+  void update(B b, Slot& s, float* values, const float* g, std::int64_t n, float lr, T* stored) {
     adamw_update(b, n, values, g, s.exp_avg.data(), s.exp_avg_sq.data(), lr, config_.beta1, config_.beta2,
                  config_.eps, s.p->weight_decay ? config_.weight_decay : 0.0f, step_);
-    if constexpr (mixed)
-      narrow(s.master.span().data(), n,
-             s.stored.host_span("16-bit parameter storage").data() + (stage_ == 3 ? 0 : s.range.begin));
+    if constexpr (mixed) convert(b, n, values, stored);
   }
 
   // An offloaded slot's update inputs in host memory: the owned values and the fp32 gradient.
@@ -407,33 +417,44 @@ class ZeroOptimizer {
     std::int64_t n = 0;
     float* values = nullptr;
     const float* gradient = nullptr;
-    bool staged = false;  // values and gradient are the slot's host copies (fp32 in a space)
-    Tensor wide;          // mixed precision: the widened gradient
+    T* stored = nullptr;  // mixed precision: where the update rounds the master slice to
+    bool staged = false;  // in a space: the slot's pinned copies hold the inputs (and take the output)
+    Tensor wide;          // mixed precision: the widened gradient (host memory)
   };
-  // Host memory or mixed precision: the values and gradient as they are (the master slice and
-  // the widened gradient). fp32 in a space: their copies into the slot's pinned host buffers,
-  // enqueued (read them after space_->synchronize()).
+  // In host memory: the values and the (widened) gradient as they are, the stored slice. In a
+  // space: the reduced gradient copied into the slot's pinned buffer, and in fp32 the values too
+  // (enqueued: read them after space_->synchronize(); mixed precision widens the gradient
+  // then, step()); mixed precision's master slice is in pinned memory already, and the update
+  // rounds it into a pinned buffer, copied back after.
   HostStep stage_to_host(Slot& s) {
     HostStep h;
     h.slot = &s;
-    const std::span<const float> g = fp32_gradient(s, h.wide);
-    h.n = static_cast<std::int64_t>(g.size());
     h.values = owned_values(s);
-    h.gradient = g.data();
-    if (mixed || !space_) return h;
-    const auto bytes = static_cast<std::size_t>(h.n) * sizeof(float);
-    space_->copy_async(s.staged_values.data(), h.values, bytes);
-    space_->copy_async(s.staged_gradient.data(), h.gradient, bytes);
-    h.values = s.staged_values.data();
-    h.gradient = s.staged_gradient.data();
+    h.stored = stored_slice(s);
+    if (!space_) {
+      const std::span<const float> g = fp32_gradient(s, h.wide);
+      h.n = static_cast<std::int64_t>(g.size());
+      h.gradient = g.data();
+      return h;
+    }
+    const std::span<T> g = grad(s);
+    h.n = static_cast<std::int64_t>(g.size());
+    space_->copy_async(s.staged_gradient.data(), g.data(), g.size_bytes());
+    if constexpr (mixed) {
+      h.stored = s.staged_stored.data();
+    } else {
+      h.gradient = s.staged_gradient.data();
+      space_->copy_async(s.staged_values.data(), h.values, g.size_bytes());
+      h.values = s.staged_values.data();
+    }
     h.staged = true;
     return h;
   }
-  // An fp32 gradient g in host memory: g itself, or (fp32 in a memory space: the parameter's
-  // gradient at stage 0, the buckets' reduced slice from stage 1) a copy in `copy` (Workspace).
-  std::span<const float> host_gradient(std::span<const float> g, SpaceBuffer<float>& copy) {
-    if (mixed || !space_) return g;
-    copy = SpaceBuffer<float>(g.size(), memory::Category::Workspace, nullptr);
+  // A gradient g in host memory: g itself, or (in a memory space: the parameter's gradient at
+  // stage 0, the buckets' reduced slice from stage 1) a copy in `copy` (Workspace).
+  std::span<const T> host_gradient(std::span<const T> g, SpaceBuffer<T>& copy) {
+    if (!space_) return g;
+    copy = SpaceBuffer<T>(g.size(), memory::Category::Workspace, nullptr);
     copy_elements(space_, copy.data(), g.data(), g.size());
     return copy.raw_span();
   }
@@ -453,23 +474,28 @@ class ZeroOptimizer {
 
   std::span<T> grad(Slot& s) { return s.buckets->template reduced<T>(*s.p); }
   // The fp32 gradient the update reads: fp32, the reduced one in place; mixed precision, the
-  // 16-bit one widened into `wide` (Workspace) times the unscale and clipping factors.
+  // 16-bit one widened into `wide` (Workspace, in space_) times the unscale and clipping factors.
   std::span<const float> fp32_gradient(Slot& s, Tensor& wide) {
     const std::span<T> g = grad(s);
     if constexpr (!mixed) {
       return g;
     } else {
-      wide = Tensor({static_cast<std::int64_t>(g.size())}, memory::Category::Workspace);
-      for (std::size_t i = 0; i < g.size(); ++i) wide[static_cast<std::int64_t>(i)] = static_cast<float>(g[i]) * grad_factor_;
-      return wide.span();
+      const auto n = static_cast<std::int64_t>(g.size());
+      wide = Tensor({n}, memory::Category::Workspace);
+      widen(Backend{}, n, g.data(), wide.data());
+      return wide.raw_span();
     }
+  }
+  // Mixed precision: out [n] = the 16-bit gradient g [n] widened times the unscale and clipping
+  // factors, on backend B (multiplying by 1 is skipped: it changes no value).
+  template <class B>
+  void widen(B b, std::int64_t n, const T* g, float* out) const {
+    convert(b, n, g, out);
+    if (grad_factor_ != 1.0f) scale(b, n, grad_factor_, out);
   }
 
   // Whether Parameter::value exists only while acquired (stage 3, mixed precision).
   bool transient_values() const { return stage_ == 3 || mixed; }
-  // Where the buffers in T live: space_ in fp32; host memory for 16-bit values, which are
-  // rounded and widened on the host.
-  MemorySpace* buffer_space() const { return mixed ? nullptr : space_; }
   // Where offloaded state lives: the space's pinned host memory, or ordinary host memory.
   MemorySpace* host_space() const { return space_ ? space_->pinned_host() : nullptr; }
 
@@ -484,27 +510,24 @@ class ZeroOptimizer {
     if constexpr (mixed) return s.stored.data();
     else return s.p->value.data();
   }
-  static void narrow(const float* in, std::int64_t n, T* out) {
-    std::transform(in, in + n, out, [](float x) { return T(x); });
+  // Mixed precision: where s's owned slice is stored in T, in space_ (the update rounds into it).
+  T* stored_slice(Slot& s) {
+    if constexpr (mixed) return s.stored.data() + (stage_ == 3 ? 0 : s.range.begin);
+    else return nullptr;
   }
   // Stores the part of s's fp32 values kept between uses (the owned slice at stage 3, else the
-  // whole shard) in s.stored: copied in space_ (fp32), rounded on the host (mixed precision).
+  // whole shard) in s.stored: copied (fp32) or rounded by Backend's convert (mixed precision).
   void store(Slot& s) {
     const bool slice = stage_ == 3;
     const std::int64_t begin = slice ? s.range.begin : 0, n = slice ? s.range.valid() : s.p->value.numel();
-    if constexpr (mixed)
-      narrow(s.p->value.span().data() + begin, n, s.stored.host_span("16-bit parameter storage").data());
+    if constexpr (mixed) convert(Backend{}, n, s.p->value.data() + begin, s.stored.data());
     else copy_elements(space_, s.stored.data(), s.p->value.data() + begin, static_cast<std::size_t>(n));
   }
-  // Fills `out` (fp32, in space_) from `in` (its elements in T, in space_): copied, or widened on
-  // the host (mixed precision).
+  // Fills `out` (fp32, in space_) from `in` (its elements in T, in space_): copied, or widened by
+  // Backend's convert (mixed precision).
   void load(const T* in, Tensor& out) {
-    if constexpr (mixed) {
-      const std::span<float> o = out.span();
-      std::transform(in, in + o.size(), o.begin(), [](T x) { return static_cast<float>(x); });
-    } else {
-      copy_elements(space_, out.data(), in, static_cast<std::size_t>(out.numel()));
-    }
+    if constexpr (mixed) convert(Backend{}, out.numel(), in, out.data());
+    else copy_elements(space_, out.data(), in, static_cast<std::size_t>(out.numel()));
   }
 
   // Starts all-gathering every parameter of `part` that is not whole yet (every buffer
@@ -517,7 +540,7 @@ class ZeroOptimizer {
       if (!p->value.empty() || std::any_of(out.begin(), out.end(), [&](const Gather& g) { return g.slot == &s; }))
         continue;
       const auto n = static_cast<std::size_t>(s.range.size * s.buckets->group().size());
-      out.push_back(Gather{&s, SpaceBuffer<T>(n, memory::Category::Communication, buffer_space()), {}});
+      out.push_back(Gather{&s, SpaceBuffer<T>(n, memory::Category::Communication, space_), {}});
     }
     try {
       for (auto& g : out)
@@ -571,8 +594,8 @@ class ZeroOptimizer {
     outs.reserve(slots_.size());
     for (auto& s : slots_) {
       const auto n = static_cast<std::size_t>(s.buckets->group().size()), slice = static_cast<std::size_t>(s.range.size);
-      outs.push_back(Out{&s, SpaceBuffer<T>(slice, memory::Category::Communication, buffer_space()),
-                         SpaceBuffer<T>(slice * n, memory::Category::Communication, buffer_space()), {}});
+      outs.push_back(Out{&s, SpaceBuffer<T>(slice, memory::Category::Communication, space_),
+                         SpaceBuffer<T>(slice * n, memory::Category::Communication, space_), {}});
     }
     try {  // every buffer allocated first: an allocation that fails leaves no gather in flight
       for (auto& o : outs) {
@@ -593,15 +616,20 @@ class ZeroOptimizer {
     }
   }
 
-  // The whole local tensor of a partitioned buffer (slices all-gathered over the group).
-  static Tensor whole(Slot& s, const Tensor& slice) {
+  // The whole local shard of a partitioned fp32 buffer (its slices all-gathered over the group:
+  // the first numel(s.shape) elements), in space_ (Communication). A slice in the space's
+  // pinned host memory (offloaded) travels from a copy in space_.
+  SpaceBuffer<float> whole(Slot& s, const Tensor& slice) {
     Comm& group = s.buckets->group();
-    SpaceBuffer<float> all(static_cast<std::size_t>(s.range.size * group.size()), memory::Category::Communication,
-                           nullptr);
-    group.all_gather(std::span<const float>(slice.span()), all.host_span("the master weights' all-gather"));
-    Tensor out(s.shape, memory::Category::OptimizerState);
-    std::copy_n(all.raw_span().begin(), out.numel(), out.span().data());
-    return out;
+    const auto n = static_cast<std::size_t>(s.range.size);
+    SpaceBuffer<float> all(n * static_cast<std::size_t>(group.size()), memory::Category::Communication, space_);
+    SpaceBuffer<float> mine;
+    if (slice.space() != space_) {
+      mine = SpaceBuffer<float>(n, memory::Category::Communication, space_);
+      copy_elements(space_, mine.data(), slice.data(), n);
+    }
+    group.all_gather(mine.empty() ? slice.raw_span() : std::span<const float>(mine.raw_span()), all.raw_span());
+    return all;
   }
 
   AdamWConfig config_;

@@ -1,5 +1,5 @@
-// CUDA fp32 <-> bf16 / fp16 conversions against the Host ops: bitwise, over special values and
-// random ones. Both apply the same formulas of core/dtype.hpp to integer bits (the fp16
+// CUDA fp32 <-> bf16 / fp16 conversions, and rounding in place (round_to), against the Host
+// ops: bitwise, over special values and random ones; round_to is the conversion there and back. Both apply the same formulas of core/dtype.hpp to integer bits (the fp16
 // subnormal path adds 0.5f to a normal number, the same IEEE addition on both), so any
 // difference is a defect, and the tolerance is zero.
 #include <doctest/doctest.h>
@@ -71,10 +71,17 @@ void check_type() {
   convert(b, n, d_narrow.data(), d_wide.data());
   CHECK(bits(on_host(d_narrow)) == bits(narrow));
   CHECK(bits(on_host(d_wide)) == bits(wide));
+
+  std::vector<float> rounded = x;
+  round_to(Host{}, n, rounded.data(), T{});
+  CHECK(bits(rounded) == bits(wide));
+  auto d_rounded = on_device(b, x);
+  round_to(b, n, d_rounded.data(), T{});
+  CHECK(bits(on_host(d_rounded)) == bits(wide));
 }
 
 }  // namespace
 
-TEST_CASE("fp32 -> bf16 -> fp32 on the GPU gives the Host op's bits") { check_type<bf16>(); }
+TEST_CASE("fp32 -> bf16 -> fp32 and round_to bf16 on the GPU give the Host ops' bits") { check_type<bf16>(); }
 
-TEST_CASE("fp32 -> fp16 -> fp32 on the GPU gives the Host op's bits") { check_type<fp16>(); }
+TEST_CASE("fp32 -> fp16 -> fp32 and round_to fp16 on the GPU give the Host ops' bits") { check_type<fp16>(); }

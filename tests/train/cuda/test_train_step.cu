@@ -3,7 +3,7 @@
 // (MemorySpaceScope(memory_space(Cuda))), every op is the CUDA one. One rank, and TP=2 / DP=2
 // with two ranks sharing the one GPU through StagingComm (the shared-device path), both
 // against the Host backend at TP1/DP1; ZeRO stages 1-3 at DP=2 the same way; and a DeepSeekMoE
-// model at EP1 and EP2.
+// model at EP1 and EP2; mixed precision (bf16, fp16) against the Host's mixed-precision step.
 // Tolerance 1e-5 relative (issue 7's bound): the two backends differ only in summation order
 // (cuBLAS's fp32 GEMM, pure fp32 without TF32, against OpenBLAS; fp64 row sums on both) and fused
 // multiply-adds, about 1e-7 relative per op; three Adam steps keep that far below 1e-5, as the
@@ -14,6 +14,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -44,11 +45,11 @@ struct Run {
 // moe: the small DeepSeekMoE model (softmax router with renormalised weights and the aux loss;
 // dropless, so that a summation-order difference cannot drop a different token) over ep
 // expert-parallel ranks.
-template <class Backend>
+template <class Backend, class Precision = precision::Fp32>
 Run train_run(int steps, int tp = 1, int dp = 1, double offload_ratio = 0.0, bool flash = false, int zero_stage = 0,
               bool moe = false, int ep = 1, dp::GradReduceDType grad_reduce_dtype = dp::GradReduceDType::Fp32) {
   using Comm = comm::StagingComm<comm::ThreadComm>;
-  using P = Policy<Backend, Comm>;
+  using P = Policy<Backend, Comm, Precision>;
   auto config = moe ? test::small_moe_model() : test::small_model();
   config.use_flash_attn = flash;
   const auto& data = test::shakespeare(config.seq_length);
@@ -68,7 +69,7 @@ Run train_run(int steps, int tp = 1, int dp = 1, double offload_ratio = 0.0, boo
     for (int s = 0; s < steps; ++s) {
       const auto step = trainer.train_step();
       r.losses.push_back(step.loss);
-      r.grad_norms.push_back(step.grad_norm);
+      r.grad_norms.push_back(step.skipped ? -1.0 : step.grad_norm);  // a step skipped by loss scaling: NaN
       r.step_memory = step.memory;
     }
     r.host_state_bytes = memory::snapshot()[memory::Category::OptimizerState].live;
@@ -200,4 +201,32 @@ TEST_CASE("--grad-reduce-dtype bf16 / fp16 at DP=2 on one GPU (gradients rounded
       CHECK(test::relative_error(gpu.params.at(name), want) <= 1e-4);
     }
   }
+}
+
+TEST_CASE("mixed precision on the GPU (16-bit parameters, gradients and activations rounded by the device, fp32 master weights), one rank, ZeRO 1 at DP=2 half offloaded and ZeRO 3 at DP=2: the Host mixed-precision step") {
+  // As for the 16-bit transport (above), with more rounding points: every kept activation, the
+  // gradients and the stored parameters are rounded, and a summation-order difference of ~1e-7
+  // relative flips a rounding tie by one 16-bit ulp (bf16 2^-8) on ~1e-7 / 2^-8 = 3e-5 of the
+  // elements each time. A flip moves its element by one ulp and the loss (a mean over 8 x 64
+  // tokens of smooth functions of them) by ~3e-5 x 2^-8 ~ 1e-7 relative per rounding point;
+  // through the two layers and three steps that stays below 1e-5 for the losses and norms, and
+  // the fp32 master weights move by at most the flipped fraction of one Adam step: within 1e-4.
+  // fp16 runs with dynamic loss scaling (its default; no overflow at these magnitudes).
+  const auto compare = [](auto precision) {
+    using Precision = decltype(precision);
+    for (auto [dp, stage, offload] : {std::tuple{1, 0, 0.0}, std::tuple{2, 1, 0.5}, std::tuple{2, 3, 0.0}}) {
+      CAPTURE(dp);
+      CAPTURE(stage);
+      const Run host = train_run<backend::Host, Precision>(3, 1, dp, offload, false, stage);
+      const Run gpu = train_run<backend::Cuda, Precision>(3, 1, dp, offload, false, stage);
+      CHECK(gpu.device_parameter_bytes > 0);  // the 16-bit parameters lived in device memory
+      check_steps(gpu, host);
+      for (const auto& [name, want] : host.params) {
+        CAPTURE(name);
+        CHECK(test::relative_error(gpu.params.at(name), want) <= 1e-4);
+      }
+    }
+  };
+  compare(precision::Bf16Mixed{});
+  compare(precision::Fp16Mixed{});
 }
