@@ -91,8 +91,9 @@ checkpoint::Partition optimizer_partition(Trainer<Policy>& t, std::deque<Tensor>
 /// `state` with every routed-expert entry (a name holding ".mlp.experts.{e}.") replaced, on
 /// rank 0 of the expert-parallel group `ep`, by the same entry of every rank of the group
 /// (received one tensor at a time, renamed to their global expert index; rank q holds experts
-/// [q n, (q + 1) n) for n = num_local_experts), kept in `storage`; the other ranks send theirs
-/// and get the state without experts. Collective over `ep`.
+/// [q n, (q + 1) n) for n = num_local_experts), kept in `storage` (in the current memory space,
+/// where the communicator reads and writes); the other ranks send theirs and get the state
+/// without experts. Collective over `ep`.
 template <comm::Communicator Comm>
 checkpoint::State with_all_experts(const checkpoint::State& state, Comm& ep, std::int64_t num_local_experts,
                                    std::deque<Tensor>& storage) {
@@ -106,14 +107,14 @@ checkpoint::State with_all_experts(const checkpoint::State& state, Comm& ep, std
       continue;
     }
     if (ep.rank() != 0) {
-      ep.send(std::span<const float>(entry.local->span()), 0, tag);
+      ep.send(std::span<const float>(entry.local->raw_span()), 0, tag);  // wherever it lives
       continue;
     }
     const std::int64_t local = *g - num_local_experts * ep.rank();
     out.push_back(entry);
     for (int q = 1; q < ep.size(); ++q) {
       Tensor& t = storage.emplace_back(entry.local->shape());
-      ep.recv(t.span(), q, tag);
+      ep.recv(t.raw_span(), q, tag);
       out.push_back({ep::with_expert_index(entry.spec, q * num_local_experts + local), &t});
     }
   }
