@@ -1,16 +1,22 @@
 // Host gemm, linear and elementwise ops against naive loops; linear gradients against finite
-// differences.
+// differences; gemm_rounded and the matmul precision scope against gemm on rounded inputs.
 #include <cblas.h>
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
+#include <vector>
 
 #include "dsp/backend/host/elementwise.hpp"
+#include "dsp/backend/host/convert.hpp"
 #include "dsp/backend/host/gemm.hpp"
+#include "dsp/backend/host/gemm_rounded.hpp"
 #include "dsp/backend/linear.hpp"
+#include "dsp/backend/matmul_precision.hpp"
+#include "dsp/core/dtype.hpp"
 #include "dsp/core/threads.hpp"
 #include "gradcheck.hpp"
 
@@ -173,6 +179,99 @@ TEST_CASE("elementwise ops and reductions") {
   big[0] = 1e4f;
   const double small = double(1e-2f) * double(1e-2f) * ((1 << 20) - 1);
   CHECK(std::abs(sum_squares(Host{}, std::int64_t(big.size()), big.data(), nullptr) - (1e8 + small)) < 1.0);
+}
+
+TEST_CASE("gemm_rounded is gemm on bf16- / fp16-rounded copies of A and B, bitwise, for every transpose; the stride gaps are not read; A and B are left as they were") {
+  const std::int64_t m = 5, n = 4, k = 6;
+  // NaN in the columns past each stored row (the stride gaps): read, they would poison C
+  const auto with_gaps = [](std::vector<float> v, std::int64_t cols, std::int64_t ld) {
+    for (std::size_t i = 0; i < v.size(); ++i)
+      if (static_cast<std::int64_t>(i) % ld >= cols) v[i] = std::numeric_limits<float>::quiet_NaN();
+    return v;
+  };
+  const auto same_bits = [](const std::vector<float>& x, const std::vector<float>& y) {
+    return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+  };
+  const auto rounded = [](std::vector<float> v, auto t) {
+    round_to(Host{}, static_cast<std::int64_t>(v.size()), v.data(), t);
+    return v;
+  };
+  const auto check = [&](auto t) {
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        CAPTURE(ta);
+        CAPTURE(tb);
+        const std::int64_t lda = (ta ? m : k) + 2, ldb = (tb ? k : n) + 1, ldc = n + 3;
+        const auto a = with_gaps(random_vector((ta ? k : m) * lda, 21), ta ? m : k, lda);
+        const auto b = with_gaps(random_vector((tb ? n : k) * ldb, 22), tb ? k : n, ldb);
+        const auto c0 = random_vector(m * ldc, 23);
+        const auto a0 = a, b0 = b;
+        auto want = c0, got = c0, fp32 = c0;
+        gemm(Host{}, ta, tb, m, n, k, 0.5f, rounded(a, t).data(), lda, rounded(b, t).data(), ldb, 1.0f, want.data(), ldc);
+        gemm_rounded(Host{}, t, ta, tb, m, n, k, 0.5f, a.data(), lda, b.data(), ldb, 1.0f, got.data(), ldc);
+        gemm(Host{}, ta, tb, m, n, k, 0.5f, a.data(), lda, b.data(), ldb, 1.0f, fp32.data(), ldc);
+        CHECK(got == want);  // the same sgemm on the same values
+        CHECK(got != fp32);  // ... which the rounding changed
+        CHECK(same_bits(a, a0));
+        CHECK(same_bits(b, b0));
+      }
+  };
+  check(dsp::bf16{});
+  check(dsp::fp16{});
+}
+
+TEST_CASE("gemm_rounded: k = 0 gives beta C; fp16 rounds an input past 65504 to infinity, which reaches C (the loss scaler's overflow)") {
+  std::vector<float> c{1, 2, 3, 4};
+  const std::vector<float> none(1);
+  gemm_rounded(Host{}, dsp::bf16{}, false, false, 2, 2, 0, 1.0f, none.data(), 1, none.data(), 2, 2.0f, c.data(), 2);
+  CHECK(c == std::vector<float>{2, 4, 6, 8});
+  const std::vector<float> a{70000.0f, 1.0f}, b{1.0f, 1.0f};  // [1, 2] x [2, 1]
+  std::vector<float> y16(1), y_bf16(1);
+  gemm_rounded(Host{}, dsp::fp16{}, false, false, 1, 1, 2, 1.0f, a.data(), 2, b.data(), 1, 0.0f, y16.data(), 1);
+  gemm_rounded(Host{}, dsp::bf16{}, false, false, 1, 1, 2, 1.0f, a.data(), 2, b.data(), 1, 0.0f, y_bf16.data(), 1);
+  CHECK(std::isinf(y16[0]));
+  CHECK(y_bf16[0] == 70145.0f);  // bf16(70000) = 70144, bf16's range is fp32's
+}
+
+TEST_CASE("inside a MatmulPrecisionScope the linear ops multiply inputs rounded to its type; scopes nest and restore") {
+  using dsp::backend::MatmulPrecision;
+  using dsp::backend::MatmulPrecisionScope;
+  using dsp::backend::matmul_precision;
+  const std::int64_t tokens = 3, in = 5, out = 4;
+  const auto x = random_vector(tokens * in, 24), w = random_vector(out * in, 25), dy = random_vector(tokens * out, 26);
+  const auto dw0 = random_vector(out * in, 27);
+  const auto bf = [](std::vector<float> v) {
+    round_to(Host{}, static_cast<std::int64_t>(v.size()), v.data(), dsp::bf16{});
+    return v;
+  };
+  // the fp32 ops on rounded inputs
+  std::vector<float> want_y(tokens * out), want_dx(tokens * in), want_dw = dw0;
+  linear_forward(Host{}, bf(x).data(), bf(w).data(), want_y.data(), tokens, in, out);
+  linear_backward_input(Host{}, bf(dy).data(), bf(w).data(), want_dx.data(), tokens, in, out);
+  linear_backward_weight(Host{}, bf(dy).data(), bf(x).data(), want_dw.data(), tokens, in, out);
+  std::vector<float> fp32_y(tokens * out);
+  linear_forward(Host{}, x.data(), w.data(), fp32_y.data(), tokens, in, out);
+
+  CHECK(matmul_precision() == MatmulPrecision::Fp32);
+  std::vector<float> y(tokens * out), dx(tokens * in), dw = dw0, inner_y(tokens * out);
+  {
+    MatmulPrecisionScope scope(MatmulPrecision::Bf16);
+    CHECK(matmul_precision() == MatmulPrecision::Bf16);
+    linear_forward(Host{}, x.data(), w.data(), y.data(), tokens, in, out);
+    linear_backward_input(Host{}, dy.data(), w.data(), dx.data(), tokens, in, out);
+    linear_backward_weight(Host{}, dy.data(), x.data(), dw.data(), tokens, in, out);
+    {
+      MatmulPrecisionScope inner(MatmulPrecision::Fp32);
+      linear_forward(Host{}, x.data(), w.data(), inner_y.data(), tokens, in, out);
+    }
+    CHECK(matmul_precision() == MatmulPrecision::Bf16);
+  }
+  CHECK(matmul_precision() == MatmulPrecision::Fp32);
+  CHECK(y == want_y);
+  CHECK(dx == want_dx);
+  CHECK(dw == want_dw);
+  CHECK(y != fp32_y);
+  CHECK(inner_y == fp32_y);
 }
 
 }  // namespace backend_gemm_test

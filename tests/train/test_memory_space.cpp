@@ -385,6 +385,13 @@ TEST_CASE("checkpoints from and into the space: save after 2 steps, resume in a 
     CHECK(resumed.every_parameter_in_space);
     check_bitwise(resumed, host);
   }
+  // DeepSeekMoE at EP=2 x DP=2: the routed experts travel to the writer in the space
+  MoeRun moe{test::small_moe_model(), {}, 2};
+  const Run moe_host = train_run(false, 1, 1, 2, 3, 0, false, 0.0, dp::GradReduceDType::Fp32, {}, 0, moe);
+  checkpoint_test::TempDir moe_dir;
+  const Run moe_resumed =
+      train_run(true, 1, 1, 2, 3, 0, false, 0.0, dp::GradReduceDType::Fp32, moe_dir / "ckpt", 2, moe);
+  check_bitwise(moe_resumed, moe_host);
   // bf16 at DP=2, stage 1, half offloaded: the master weights saved (all-gathered from pinned
   // slices through the space) and loaded back into pinned slices and 16-bit storage
   using Bf16 = precision::Bf16Mixed;

@@ -2,7 +2,8 @@
 // Causal scaled-dot-product attention (Vaswani et al. 2017) with grouped-query attention
 // (GQA, Ainslie et al. 2023) and a KV cache: per (batch, q head) two GEMMs around a masked
 // row softmax, S = scale Q K^T, P = softmax(S), O = P V. Written once for every backend from
-// its ops (gemm, causal_softmax_forward, softmax_backward, scratch), found by
+// its ops (matmul: gemm in the thread's matmul precision, backend/matmul_precision.hpp;
+// causal_softmax_forward, softmax_backward, scratch), found by
 // argument-dependent lookup on the backend tag: the Host ops come with this header, the CUDA
 // ones with backend/cuda/attention.cuh.
 //
@@ -13,7 +14,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "dsp/backend/host/gemm.hpp"
+#include "dsp/backend/matmul_precision.hpp"
 #include "dsp/backend/host/softmax.hpp"
 #include "dsp/core/error.hpp"
 
@@ -48,9 +49,9 @@ void attention_forward(Backend hst, const float* q, const float* k, const float*
       const float* kb = k + b * kv_len * ldk + g * head_dim;
       const float* vb = v + b * kv_len * ldk + g * head_dim;
       float* p = probs ? probs + (b * q_heads + h) * q_len * kv_len : p_scratch.data();
-      gemm(hst, false, true, q_len, kv_len, head_dim, scale, qb, ldq, kb, ldk, 0.0f, p, kv_len);
+      matmul(hst, false, true, q_len, kv_len, head_dim, scale, qb, ldq, kb, ldk, 0.0f, p, kv_len);
       causal_softmax_forward(hst, p, q_len, kv_len, q_positions + b * q_len);
-      gemm(hst, false, false, q_len, head_dim, kv_len, 1.0f, p, kv_len, vb, ldk, 0.0f,
+      matmul(hst, false, false, q_len, head_dim, kv_len, 1.0f, p, kv_len, vb, ldk, 0.0f,
            out + b * q_len * ldq + h * head_dim, ldq);
     }
   }
@@ -77,13 +78,13 @@ void attention_backward(Backend hst, const float* q, const float* k, const float
       const float beta = h % group == 0 ? 0.0f : 1.0f;  // first q head of a group overwrites dk/dv
       const std::int64_t qoff = b * q_len * ldq + h * head_dim, koff = b * kv_len * ldk + g * head_dim;
       const float* p = probs + (b * q_heads + h) * q_len * kv_len;
-      gemm(hst, false, true, q_len, kv_len, head_dim, 1.0f, dout + qoff, ldq, v + koff, ldk, 0.0f, ds.data(),
+      matmul(hst, false, true, q_len, kv_len, head_dim, 1.0f, dout + qoff, ldq, v + koff, ldk, 0.0f, ds.data(),
            kv_len);
       softmax_backward(hst, p, ds.data(), q_len, kv_len, ds.data());
-      gemm(hst, false, false, q_len, head_dim, kv_len, scale, ds.data(), kv_len, k + koff, ldk, 0.0f, dq + qoff,
+      matmul(hst, false, false, q_len, head_dim, kv_len, scale, ds.data(), kv_len, k + koff, ldk, 0.0f, dq + qoff,
            ldq);
-      gemm(hst, true, false, kv_len, head_dim, q_len, scale, ds.data(), kv_len, q + qoff, ldq, beta, dk + koff, ldk);
-      gemm(hst, true, false, kv_len, head_dim, q_len, 1.0f, p, kv_len, dout + qoff, ldq, beta, dv + koff, ldk);
+      matmul(hst, true, false, kv_len, head_dim, q_len, scale, ds.data(), kv_len, q + qoff, ldq, beta, dk + koff, ldk);
+      matmul(hst, true, false, kv_len, head_dim, q_len, 1.0f, p, kv_len, dout + qoff, ldq, beta, dv + koff, ldk);
     }
   }
 }

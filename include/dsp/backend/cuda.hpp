@@ -20,6 +20,7 @@
 #include "dsp/backend/cuda/elementwise.cuh"
 #include "dsp/backend/cuda/embedding.cuh"
 #include "dsp/backend/cuda/flash_attention.cuh"
+#include "dsp/backend/cuda/gemm_rounded.cuh"
 #include "dsp/backend/cuda/moe_permute.cuh"
 #include "dsp/backend/cuda/rms_norm.cuh"
 #include "dsp/backend/cuda/rope.cuh"

@@ -6,6 +6,7 @@
 #include "dsp/backend/host/embedding.hpp"
 #include "dsp/backend/host/flash_attention.hpp"
 #include "dsp/backend/host/gemm.hpp"
+#include "dsp/backend/host/gemm_rounded.hpp"
 #include "dsp/backend/host/host.hpp"
 #include "dsp/backend/host/rms_norm.hpp"
 #include "dsp/backend/host/rope.hpp"

@@ -1,11 +1,13 @@
 #pragma once
 // Linear layer (no bias) in the PyTorch weight layout w [out, in]: y = x w^T. Written once for
-// every backend on top of its gemm, found by argument-dependent lookup on the backend tag; the
-// Host gemm comes with this header, another backend's with that backend's gemm header
-// (backend/cuda/gemm.hpp).
+// every backend on top of its matmul (backend/matmul_precision.hpp: its gemm, or gemm_rounded
+// inside a MatmulPrecisionScope), found by argument-dependent lookup on the backend tag; the
+// Host ops come with this header, another backend's with that backend's headers
+// (backend/cuda/gemm.hpp, backend/cuda/gemm_rounded.cuh: with backend::Cuda these ops need a
+// .cu file compiled by nvcc, for gemm_rounded's kernel).
 #include <cstdint>
 
-#include "dsp/backend/host/gemm.hpp"
+#include "dsp/backend/matmul_precision.hpp"
 
 namespace dsp::backend {
 
@@ -13,14 +15,14 @@ namespace dsp::backend {
 template <class Backend>
 void linear_forward(Backend h, const float* x, const float* w, float* y, std::int64_t tokens, std::int64_t in,
                     std::int64_t out) {
-  gemm(h, false, true, tokens, out, in, 1.0f, x, in, w, in, 0.0f, y, out);
+  matmul(h, false, true, tokens, out, in, 1.0f, x, in, w, in, 0.0f, y, out);
 }
 
 /// dx [tokens, in] = dy [tokens, out] * w [out, in]. Overwrites dx.
 template <class Backend>
 void linear_backward_input(Backend h, const float* dy, const float* w, float* dx, std::int64_t tokens,
                            std::int64_t in, std::int64_t out) {
-  gemm(h, false, false, tokens, in, out, 1.0f, dy, out, w, in, 0.0f, dx, in);
+  matmul(h, false, false, tokens, in, out, 1.0f, dy, out, w, in, 0.0f, dx, in);
 }
 
 /// dw [out, in] += dy [tokens, out]^T * x [tokens, in]. Accumulates into dw (gradient
@@ -28,7 +30,7 @@ void linear_backward_input(Backend h, const float* dy, const float* w, float* dx
 template <class Backend>
 void linear_backward_weight(Backend h, const float* dy, const float* x, float* dw, std::int64_t tokens,
                             std::int64_t in, std::int64_t out) {
-  gemm(h, true, false, out, in, tokens, 1.0f, dy, out, x, in, 1.0f, dw, in);
+  matmul(h, true, false, out, in, tokens, 1.0f, dy, out, x, in, 1.0f, dw, in);
 }
 
 }  // namespace dsp::backend

@@ -15,6 +15,9 @@
 // decisions (scores, top-k, capacity, the aux loss and their backward) run on the host from a
 // copy of the logits [tokens, E] (tokens x E x 4 bytes per layer and micro-batch; the all-to-all
 // needs the per-expert counts on the host anyway), and the logits' gradient goes back the same way.
+// The router's GEMMs stay fp32 inside a 16-bit MatmulPrecisionScope (backend/matmul_precision.hpp),
+// as DeepSeek-V3's gate computes in fp32 and Megatron's --moe-router-dtype fp32: the routing
+// decisions and the aux loss's gradient keep fp32 logits.
 // Hugging Face names under "model.layers.{i}.mlp": gate.weight [E, hidden],
 // gate.e_score_correction_bias [E] (with the expert bias), experts.{e}.{gate,up,down}_proj.weight
 // with the global expert index e, shared_experts.{gate,up,down}_proj.weight.
@@ -27,6 +30,7 @@
 
 #include "dsp/backend/host/elementwise.hpp"
 #include "dsp/backend/linear.hpp"
+#include "dsp/backend/matmul_precision.hpp"
 #include "dsp/comm/communicator.hpp"
 #include "dsp/ep/balance.hpp"
 #include "dsp/ep/capacity.hpp"
@@ -138,7 +142,10 @@ class MoELayer {
   Tensor forward(const model::ForwardContext& ctx, const Tensor& x, Saved* saved) {
     const std::int64_t n = x.dim(0), e = router_config_.num_experts;
     Tensor logits({n, e});
-    linear_forward(Backend{}, x.data(), router_.value.data(), logits.data(), n, hidden_, e);
+    {
+      backend::MatmulPrecisionScope fp32(backend::MatmulPrecision::Fp32);  // the router stays fp32 (see the top)
+      linear_forward(Backend{}, x.data(), router_.value.data(), logits.data(), n, hidden_, e);
+    }
     Tensor logits_copy, bias_copy;  // host copies of tensors in a memory space
     const Tensor& host_logits = on_host(logits, logits_copy);
     Routing r = route(router_config_, host_logits.span(),
@@ -203,9 +210,12 @@ class MoELayer {
                                  ctx.moe.aux_loss_scale * ctx.moe.loss_scale, host_dlogits);
     Tensor dlogits({n, e});
     dlogits.copy_from_host(host_dlogits);
-    linear_backward_weight(Backend{}, dlogits.data(), s.x.data(), router_.grad.data(), n, hidden_, e);
     Tensor dx_router({n, hidden_});
-    linear_backward_input(Backend{}, dlogits.data(), router_.value.data(), dx_router.data(), n, hidden_, e);
+    {
+      backend::MatmulPrecisionScope fp32(backend::MatmulPrecision::Fp32);
+      linear_backward_weight(Backend{}, dlogits.data(), s.x.data(), router_.grad.data(), n, hidden_, e);
+      linear_backward_input(Backend{}, dlogits.data(), router_.value.data(), dx_router.data(), n, hidden_, e);
+    }
     add(Backend{}, dx.numel(), dx_router.data(), dx.data());
     return dx;
   }

@@ -45,7 +45,8 @@
 // 26-39% above the ledger's total (small model, TP1 x DP2, TP2 x PP2, full and selective
 // recomputation): the Host keeps fp32 working copies the ledger (written for 16-bit compute)
 // does not count, i.e. the fp32 values of the part being computed, fp32 gradients until their
-// bucket is packed, and fp32 backward temporaries.
+// bucket is packed, fp32 backward temporaries, and each GEMM's rounded input copies
+// (backend/matmul_precision.hpp; Workspace, fp32 on the host, 2 bytes per element on a GPU).
 #include <algorithm>
 #include <cstdint>
 #include <string>

@@ -3,9 +3,11 @@
 // ZeRO paper's model state of 2 + 2 + 12 bytes per parameter, section 3.1): parameters and
 // gradients stored in 16 bits, fp32 master weights and Adam moments (zero::ZeroOptimizer with
 // T = storage_type), gradients reduced in 16 bits with fp32 accumulation. On every backend the
-// layers compute in fp32 on the 16-bit values widened (a 16-bit GEMM with fp32 accumulation
-// gives the same products), rounded and widened by the backend's convert ops where the tensors
-// live; norms, softmax, the loss and the router are fp32 as in Megatron.
+// layers compute on the 16-bit values widened, rounded and widened by the backend's convert ops
+// where the tensors live; the GEMMs take 16-bit inputs with fp32 accumulation
+// (backend/matmul_precision.hpp, which the trainer opens: so the backward's output gradients
+// are rounded at each GEMM too); norms, softmax, the loss and the router are fp32 as in
+// Megatron.
 #include "dsp/core/dtype.hpp"
 
 namespace dsp::precision {

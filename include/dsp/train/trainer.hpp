@@ -32,6 +32,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "dsp/backend/matmul_precision.hpp"
 #include "dsp/core/dtype.hpp"
 #include "dsp/core/memory.hpp"
 #include "dsp/core/trace.hpp"
@@ -166,6 +167,13 @@ class Trainer {
       std::is_same_v<Storage, bf16>   ? model::ActivationPrecision::Bf16
       : std::is_same_v<Storage, fp16> ? model::ActivationPrecision::Fp16
                                       : model::ActivationPrecision::Fp32;
+  /// What the model's matrix products multiply in during train_step() and evaluate(): the
+  /// storage type (backend/matmul_precision.hpp; Megatron's --bf16 / --fp16 GEMMs: 16-bit
+  /// inputs, fp32 accumulation).
+  static constexpr backend::MatmulPrecision matmul_precision =
+      std::is_same_v<Storage, bf16>   ? backend::MatmulPrecision::Bf16
+      : std::is_same_v<Storage, fp16> ? backend::MatmulPrecision::Fp16
+                                      : backend::MatmulPrecision::Fp32;
 
   /// Every tensor lives in the calling thread's current memory space, which must be the
   /// backend's (for backend::Cuda: construct and use the trainer inside
@@ -224,6 +232,7 @@ class Trainer {
   StepResult train_step() {
     const auto t0 = std::chrono::steady_clock::now();
     trace::Span step_span("train_step", trace::Kind::Compute);
+    backend::MatmulPrecisionScope matmuls(matmul_precision);
     for (auto& s : stages_) s->zero_grad();
     const std::int64_t seq = data_->seq_length();
     std::vector<MicroBatch> micro_batches = next_micro_batches();
@@ -325,6 +334,7 @@ class Trainer {
   /// batches of the validation split (the same windows every time; at least one batch, checked
   /// at construction). Forward only, stage after stage. Collective over the mesh.
   double evaluate() {
+    backend::MatmulPrecisionScope matmuls(matmul_precision);
     const std::int64_t seq = data_->seq_length(), per_rank = tc_.global_batch_size / mesh_->dp_size();
     const std::int64_t batches = std::min(tc_.eval_iters, data_->val_windows() / tc_.global_batch_size);
     std::vector<double> sums{0.0, 0.0};  // loss sum (last stage), tokens

@@ -1,6 +1,7 @@
 // CUDA gemm (cuBLAS) against the Host gemm (OpenBLAS) on the same inputs: fp32, bf16 in with
 // fp32 out, and bf16 in and out; every transpose combination, padded strides, alpha and beta.
-// Then the linear layer (the same template on both backends) and the elementwise ops and fp64
+// Then gemm_rounded (16-bit-rounded inputs), the linear layer (the same template on both
+// backends, in fp32 and in a bf16 MatmulPrecisionScope) and the elementwise ops and fp64
 // reductions.
 #include <doctest/doctest.h>
 
@@ -14,12 +15,15 @@
 #include "dsp/backend/cuda/copy_columns.hpp"
 #include "dsp/backend/cuda/elementwise.cuh"
 #include "dsp/backend/cuda/gemm.hpp"
+#include "dsp/backend/cuda/gemm_rounded.cuh"
 #include "dsp/backend/cuda/memory.hpp"
 #include "dsp/backend/cuda/stream.hpp"
 #include "dsp/backend/host/copy_columns.hpp"
 #include "dsp/backend/host/elementwise.hpp"
 #include "dsp/backend/host/gemm.hpp"
+#include "dsp/backend/host/gemm_rounded.hpp"
 #include "dsp/backend/linear.hpp"
+#include "dsp/backend/matmul_precision.hpp"
 
 using dsp::bf16;
 using dsp::backend::Cuda;
@@ -199,4 +203,53 @@ TEST_CASE("copy_columns writes exactly the addressed block, as the Host op") {
   copy_columns(b, d_src.data(), src_cols, 4, d_dst.data(), dst_cols, 2, rows, 6);
   CHECK(on_host(d_dst) == dst);
   CHECK(dst != dst0);
+}
+
+TEST_CASE("gemm_rounded equals the Host gemm_rounded (bf16 and fp16 inputs, fp32 accumulation), and so do the linear ops in a MatmulPrecisionScope") {
+  // Both round A and B with the same conversion (test_convert: bitwise) and multiply the rounded
+  // values exactly; only the order of the fp32 sums differs: kFp32Tol.
+  const Cuda b{};
+  const auto compare = [&](auto t) {
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        const Case c{ta, tb};
+        CAPTURE(ta);
+        CAPTURE(tb);
+        const auto ha = random_vector(c.a_size(), 31), hb = random_vector(c.b_size(), 32);
+        auto want = random_vector(c.c_size(), 33);
+        auto da = on_device(b, ha), db = on_device(b, hb), dc = on_device(b, want);
+        gemm_rounded(b, t, ta, tb, c.m, c.n, c.k, 0.7f, da.data(), c.lda(), db.data(), c.ldb(), 0.5f, dc.data(), c.ldc());
+        gemm_rounded(Host{}, t, ta, tb, c.m, c.n, c.k, 0.7f, ha.data(), c.lda(), hb.data(), c.ldb(), 0.5f, want.data(),
+                     c.ldc());
+        const auto got = on_host(dc);
+        CHECK(relative_error(got, want) < kFp32Tol);
+        for (std::int64_t i = 0; i < c.m; ++i)  // the padding columns of C are left as they were
+          for (std::int64_t j = c.n; j < c.ldc(); ++j) CHECK(got[i * c.ldc() + j] == want[i * c.ldc() + j]);
+        CHECK(on_host(da) == ha);  // the inputs were rounded into temporaries, not in place
+      }
+  };
+  compare(bf16{});
+  compare(dsp::fp16{});
+
+  using dsp::backend::MatmulPrecision;
+  using dsp::backend::MatmulPrecisionScope;
+  const std::int64_t tokens = 19, in = 70, out = 45;
+  const auto x = random_vector(tokens * in, 34), w = random_vector(out * in, 35), dy = random_vector(tokens * out, 36);
+  const auto dw0 = random_vector(out * in, 37);
+  for (MatmulPrecision p : {MatmulPrecision::Bf16, MatmulPrecision::Fp16}) {
+    CAPTURE(static_cast<int>(p));
+    MatmulPrecisionScope scope(p);
+    std::vector<float> y(tokens * out), dx(tokens * in), dw = dw0;
+    linear_forward(Host{}, x.data(), w.data(), y.data(), tokens, in, out);
+    linear_backward_input(Host{}, dy.data(), w.data(), dx.data(), tokens, in, out);
+    linear_backward_weight(Host{}, dy.data(), x.data(), dw.data(), tokens, in, out);
+    auto d_x = on_device(b, x), d_w = on_device(b, w), d_dy = on_device(b, dy), d_dw = on_device(b, dw0);
+    dsp::backend::DeviceBuffer<float> d_y(b, y.size()), d_dx(b, dx.size());
+    linear_forward(b, d_x.data(), d_w.data(), d_y.data(), tokens, in, out);
+    linear_backward_input(b, d_dy.data(), d_w.data(), d_dx.data(), tokens, in, out);
+    linear_backward_weight(b, d_dy.data(), d_x.data(), d_dw.data(), tokens, in, out);
+    CHECK(relative_error(on_host(d_y), y) < kFp32Tol);
+    CHECK(relative_error(on_host(d_dx), dx) < kFp32Tol);
+    CHECK(relative_error(on_host(d_dw), dw) < kFp32Tol);
+  }
 }

@@ -9,5 +9,6 @@
 #endif
 #include "dsp/backend/attention.hpp"
 #include "dsp/backend/cuda/gemm.hpp"
+#include "dsp/backend/cuda/gemm_rounded.cuh"
 #include "dsp/backend/cuda/memory.hpp"
 #include "dsp/backend/cuda/softmax.cuh"

@@ -1,6 +1,6 @@
 #pragma once
-// General matrix multiply through cuBLAS (cublasGemmEx): fp32 in and out, or bf16 in with fp32
-// or bf16 out; always fp32 accumulation (CUBLAS_COMPUTE_32F, which never rounds fp32 inputs to
+// General matrix multiply through cuBLAS (cublasGemmEx): fp32 in and out, bf16 in with fp32 or
+// bf16 out, or fp16 in with fp32 out; always fp32 accumulation (CUBLAS_COMPUTE_32F, which never rounds fp32 inputs to
 // TF32: that would take CUBLAS_COMPUTE_32F_FAST_TF32 or the TF32 math mode, neither used here).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -71,6 +71,14 @@ inline void gemm(Cuda backend, bool trans_a, bool trans_b, std::int64_t m, std::
                  const bf16* a, std::int64_t lda, const bf16* b, std::int64_t ldb, float beta, float* c,
                  std::int64_t ldc) {
   detail::gemm_ex(backend, trans_a, trans_b, m, n, k, alpha, a, CUDA_R_16BF, lda, b, CUDA_R_16BF, ldb, beta, c,
+                  CUDA_R_32F, ldc);
+}
+
+/// The same with fp16 A and B (dsp::fp16 has __half's bits), fp32 accumulation and an fp32 C.
+inline void gemm(Cuda backend, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                 const fp16* a, std::int64_t lda, const fp16* b, std::int64_t ldb, float beta, float* c,
+                 std::int64_t ldc) {
+  detail::gemm_ex(backend, trans_a, trans_b, m, n, k, alpha, a, CUDA_R_16F, lda, b, CUDA_R_16F, ldb, beta, c,
                   CUDA_R_32F, ldc);
 }
 
