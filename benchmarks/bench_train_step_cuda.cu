@@ -104,8 +104,12 @@ void BM_train_step_cuda(benchmark::State& state, bool flash, bool bf16) {
 
 }  // namespace
 
-BENCHMARK_CAPTURE(BM_train_step_cuda, fp32, false, false)->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
-BENCHMARK_CAPTURE(BM_train_step_cuda, fp32_flash, true, false)->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
-BENCHMARK_CAPTURE(BM_train_step_cuda, bf16, false, true)->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
-BENCHMARK_CAPTURE(BM_train_step_cuda, bf16_flash, true, true)->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
+BENCHMARK_CAPTURE(BM_train_step_cuda, fp32, false, false)
+    ->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
+BENCHMARK_CAPTURE(BM_train_step_cuda, fp32_flash, true, false)
+    ->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
+BENCHMARK_CAPTURE(BM_train_step_cuda, bf16, false, true)
+    ->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
+BENCHMARK_CAPTURE(BM_train_step_cuda, bf16_flash, true, true)
+    ->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
 BENCHMARK_MAIN();

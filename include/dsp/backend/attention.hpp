@@ -52,7 +52,7 @@ void attention_forward(Backend hst, const float* q, const float* k, const float*
       matmul(hst, false, true, q_len, kv_len, head_dim, scale, qb, ldq, kb, ldk, 0.0f, p, kv_len);
       causal_softmax_forward(hst, p, q_len, kv_len, q_positions + b * q_len);
       matmul(hst, false, false, q_len, head_dim, kv_len, 1.0f, p, kv_len, vb, ldk, 0.0f,
-           out + b * q_len * ldq + h * head_dim, ldq);
+             out + b * q_len * ldq + h * head_dim, ldq);
     }
   }
 }
@@ -79,11 +79,12 @@ void attention_backward(Backend hst, const float* q, const float* k, const float
       const std::int64_t qoff = b * q_len * ldq + h * head_dim, koff = b * kv_len * ldk + g * head_dim;
       const float* p = probs + (b * q_heads + h) * q_len * kv_len;
       matmul(hst, false, true, q_len, kv_len, head_dim, 1.0f, dout + qoff, ldq, v + koff, ldk, 0.0f, ds.data(),
-           kv_len);
+             kv_len);
       softmax_backward(hst, p, ds.data(), q_len, kv_len, ds.data());
       matmul(hst, false, false, q_len, head_dim, kv_len, scale, ds.data(), kv_len, k + koff, ldk, 0.0f, dq + qoff,
-           ldq);
-      matmul(hst, true, false, kv_len, head_dim, q_len, scale, ds.data(), kv_len, q + qoff, ldq, beta, dk + koff, ldk);
+             ldq);
+      matmul(hst, true, false, kv_len, head_dim, q_len, scale, ds.data(), kv_len, q + qoff, ldq, beta, dk + koff,
+             ldk);
       matmul(hst, true, false, kv_len, head_dim, q_len, 1.0f, p, kv_len, dout + qoff, ldq, beta, dv + koff, ldk);
     }
   }

@@ -65,9 +65,10 @@ class PackedTensors {
     for (std::size_t j = 0; j < tensors.size(); ++j) {
       Packed& k = packed_[j];
       if (k.as_bf16.empty() && k.as_fp16.empty()) continue;  // an empty tensor stays empty
-      *tensors[j] = Tensor(std::move(k.shape));
-      if (precision_ == ActivationPrecision::Bf16) convert(b, tensors[j]->numel(), k.as_bf16.data(), tensors[j]->data());
-      else convert(b, tensors[j]->numel(), k.as_fp16.data(), tensors[j]->data());
+      Tensor& t = *tensors[j];
+      t = Tensor(std::move(k.shape));
+      if (precision_ == ActivationPrecision::Bf16) convert(b, t.numel(), k.as_bf16.data(), t.data());
+      else convert(b, t.numel(), k.as_fp16.data(), t.data());
       k = Packed{};  // one tensor at a time in both forms
     }
     packed_.clear();

@@ -144,7 +144,8 @@ class ZeroOptimizer {
       if (stage_ >= 2 || mixed) p->grad = Tensor{};
       if constexpr (mixed) {
         s.master = Tensor({s.range.size}, memory::Category::OptimizerState, state_space);
-        copy_elements(space_, s.master.data(), p->value.data() + s.range.begin, static_cast<std::size_t>(s.range.valid()));
+        copy_elements(space_, s.master.data(), p->value.data() + s.range.begin,
+                      static_cast<std::size_t>(s.range.valid()));
       }
       if (transient_values()) {  // what is stored: the owned slice (stage 3) or the whole shard in T
         s.stored = SpaceBuffer<T>(static_cast<std::size_t>(stage_ == 3 ? s.range.size : p->value.numel()),
@@ -280,8 +281,9 @@ class ZeroOptimizer {
         }
       update(backend::Host{}, *h.slot, h.values, h.gradient, h.n, lr, h.stored);
       if (!h.staged) continue;
-      if constexpr (mixed) space_->copy_async(stored_slice(*h.slot), h.stored, static_cast<std::size_t>(h.n) * sizeof(T));
-      else space_->copy_async(owned_values(*h.slot), h.values, static_cast<std::size_t>(h.n) * sizeof(float));
+      const auto n = static_cast<std::size_t>(h.n);
+      if constexpr (mixed) space_->copy_async(stored_slice(*h.slot), h.stored, n * sizeof(T));
+      else space_->copy_async(owned_values(*h.slot), h.values, n * sizeof(float));
     }
     grad_factor_ = 1.0f;
     if (stage_ == 1 || stage_ == 2) gather_parameters();
@@ -357,7 +359,8 @@ class ZeroOptimizer {
   void partition_after_checkpoint(bool loaded) {
     for (auto& s : slots_) {
       if (loaded && mixed)
-        copy_elements(space_, s.master.data(), s.p->value.data() + s.range.begin, static_cast<std::size_t>(s.range.valid()));
+        copy_elements(space_, s.master.data(), s.p->value.data() + s.range.begin,
+                      static_cast<std::size_t>(s.range.valid()));
       if (loaded && transient_values()) store(s);
       if (mixed) s.p->value = Tensor{};
     }

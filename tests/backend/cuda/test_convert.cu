@@ -1,7 +1,8 @@
 // CUDA fp32 <-> bf16 / fp16 conversions, and rounding in place (round_to), against the Host
-// ops: bitwise, over special values and random ones; round_to is the conversion there and back. Both apply the same formulas of core/dtype.hpp to integer bits (the fp16
-// subnormal path adds 0.5f to a normal number, the same IEEE addition on both), so any
-// difference is a defect, and the tolerance is zero.
+// ops: bitwise, over special values and random ones; round_to is the conversion there and back.
+// Both apply the same formulas of core/dtype.hpp to integer bits (the fp16 subnormal path adds
+// 0.5f to a normal number, the same IEEE addition on both), so any difference is a defect, and
+// the tolerance is zero.
 #include <doctest/doctest.h>
 
 #include <cmath>

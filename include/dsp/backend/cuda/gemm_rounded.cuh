@@ -34,7 +34,8 @@ template <class T>
 DeviceBuffer<T> pack_rounded(Cuda b, const float* x, std::int64_t rows, std::int64_t cols, std::int64_t ld) {
   DeviceBuffer<T> out(b, static_cast<std::size_t>(rows * cols), memory::Category::Workspace);
   if (rows * cols == 0) return out;
-  pack_rounded_kernel<T><<<elementwise_blocks(rows * cols), kBlockThreads, 0, b.stream>>>(rows, cols, x, ld, out.data());
+  pack_rounded_kernel<T>
+      <<<elementwise_blocks(rows * cols), kBlockThreads, 0, b.stream>>>(rows, cols, x, ld, out.data());
   DSP_CUDA_CHECK(cudaGetLastError());
   return out;
 }
