@@ -11,6 +11,7 @@
 
 #include "dsp/backend/gemm_args.hpp"
 #include "dsp/backend/host/convert.hpp"
+#include "dsp/backend/host/copy_columns.hpp"
 #include "dsp/backend/host/gemm.hpp"
 #include "dsp/backend/host/host.hpp"
 #include "dsp/core/memory.hpp"
@@ -25,7 +26,7 @@ std::vector<float, memory::CountingAllocator<float>> rounded_copy(const float* x
                                                                   std::int64_t cols, std::int64_t ld) {
   std::vector<float, memory::CountingAllocator<float>> out(
       static_cast<std::size_t>(rows * cols), memory::CountingAllocator<float>(memory::Category::Workspace));
-  for (std::int64_t r = 0; r < rows; ++r) std::copy_n(x + r * ld, cols, out.data() + r * cols);
+  copy_columns(Host{}, x, ld, 0, out.data(), cols, 0, rows, cols);
   round_to(Host{}, rows * cols, out.data(), T{});
   return out;
 }
