@@ -7,6 +7,7 @@
 
 #include "dsp/backend/attention.hpp"
 #include "dsp/backend/host/flash_attention.hpp"
+#include "dsp/backend/matmul_precision.hpp"
 #include "gradcheck.hpp"
 
 namespace backend_attention_test {
@@ -226,6 +227,84 @@ TEST_CASE("flash attention equals the materialising op across query tiles, forwa
   CHECK(max_rel_diff(f_dq, wide(dq)) < 1e-5);
   CHECK(max_rel_diff(f_dk, wide(dk)) < 1e-5);
   CHECK(max_rel_diff(f_dv, wide(dv)) < 1e-5);
+}
+
+// Flash attention's tile GEMMs follow the matmul scope (backend/matmul_precision.hpp): in a bf16
+// or fp16 scope they round their inputs, Q, K, V, dO, P and dS, as the CUDA tensor-core kernels
+// do. Reference: a naive fp64 loop over that contract (rounded(x) = T(x) widened; the fp32 out
+// and lse of the op under test feed it, as they feed the op's backward). The op and the loop
+// differ by fp32 noise (~1e-6), which flips a 16-bit rounding of P or dS by one ulp (bf16 2^-8
+// relative) on about 1e-6 / 2^-8 ~ 3e-4 of those elements, each moving one term of a sum of
+// <= 150 terms of size <= 2: 1e-3 bounds the largest difference with room. The forward also
+// against the materialising op in the same scope (the same roundings of Q, K, P and V), and
+// everything against the fp32 op: moved by more than 1e-4 (bf16) / 1e-5 (fp16) somewhere, or
+// the scope was ignored.
+template <class T>
+void check_flash_in_scope(dsp::backend::MatmulPrecision precision, double moved) {
+  const std::int64_t batch = 2, len = 150, q_heads = 4, kv_heads = 2, head_dim = 16, group = q_heads / kv_heads;
+  const std::int64_t ldq = q_heads * head_dim, ldk = kv_heads * head_dim;
+  std::vector<std::int32_t> positions(batch * len);
+  for (std::int64_t i = 0; i < batch * len; ++i) positions[i] = static_cast<std::int32_t>(i % len);
+  const auto q = random_vector(batch * len * ldq, 71, -2.0f, 2.0f);
+  const auto k = random_vector(batch * len * ldk, 72, -2.0f, 2.0f);
+  const auto v = random_vector(k.size(), 73);
+  const auto dout = random_vector(q.size(), 74);
+  const auto flash = [&](std::vector<float>& out, std::vector<float>& lse, std::vector<float>& dq,
+                         std::vector<float>& dk, std::vector<float>& dv) {
+    out.assign(q.size(), 0.0f), lse.assign(batch * q_heads * len, 0.0f), dq.assign(q.size(), 0.0f);
+    dk.assign(k.size(), 0.0f), dv.assign(v.size(), 0.0f);
+    flash_attention_forward(Host{}, q.data(), k.data(), v.data(), positions.data(), batch, len, len, q_heads,
+                            kv_heads, head_dim, out.data(), lse.data());
+    flash_attention_backward(Host{}, q.data(), k.data(), v.data(), out.data(), dout.data(), lse.data(),
+                             positions.data(), batch, len, len, q_heads, kv_heads, head_dim, dq.data(), dk.data(),
+                             dv.data());
+  };
+  std::vector<float> out32, lse32, dq32, dk32, dv32, out, lse, dq, dk, dv;
+  flash(out32, lse32, dq32, dk32, dv32);
+  dsp::backend::MatmulPrecisionScope scope(precision);
+  flash(out, lse, dq, dk, dv);
+  std::vector<float> m_out(q.size()), probs(batch * q_heads * len * len);
+  attention_forward(Host{}, q.data(), k.data(), v.data(), positions.data(), batch, len, len, q_heads, kv_heads,
+                    head_dim, m_out.data(), probs.data());
+
+  const auto r = [](double x) { return double(T::to_float(T::from_float(static_cast<float>(x)))); };
+  const double scale = 1.0 / std::sqrt(double(head_dim));
+  std::vector<double> want_dq(q.size(), 0.0), want_dk(k.size(), 0.0), want_dv(v.size(), 0.0);
+  for (std::int64_t b = 0; b < batch; ++b)
+    for (std::int64_t h = 0; h < q_heads; ++h)
+      for (std::int64_t i = 0; i < len; ++i) {
+        const std::int64_t qi = (b * len + i) * ldq + h * head_dim, visible = positions[b * len + i] + 1;
+        double d = 0.0;  // D = dO . O
+        for (std::int64_t c = 0; c < head_dim; ++c) d += double(dout[qi + c]) * out[qi + c];
+        for (std::int64_t j = 0; j < visible; ++j) {
+          const std::int64_t kj = (b * len + j) * ldk + (h / group) * head_dim;
+          double s = 0.0, dp = 0.0;
+          for (std::int64_t c = 0; c < head_dim; ++c) {
+            s += r(q[qi + c]) * r(k[kj + c]);
+            dp += r(dout[qi + c]) * r(v[kj + c]);
+          }
+          const double p = std::exp(s * scale - lse[(b * q_heads + h) * len + i]), ds = r(p * (dp - d));
+          for (std::int64_t c = 0; c < head_dim; ++c) {
+            want_dq[qi + c] += scale * ds * r(k[kj + c]);
+            want_dk[kj + c] += scale * ds * r(q[qi + c]);
+            want_dv[kj + c] += r(p) * r(dout[qi + c]);
+          }
+        }
+      }
+  const auto wide = [](const std::vector<float>& x) { return std::vector<double>(x.begin(), x.end()); };
+  CHECK(max_rel_diff(out, wide(m_out)) < 1e-3);
+  CHECK(max_rel_diff(dq, want_dq) < 1e-3);
+  CHECK(max_rel_diff(dk, want_dk) < 1e-3);
+  CHECK(max_rel_diff(dv, want_dv) < 1e-3);
+  CHECK(max_rel_diff(out, wide(out32)) > moved);
+  CHECK(max_rel_diff(dq, wide(dq32)) > moved);
+  CHECK(max_rel_diff(dk, wide(dk32)) > moved);
+  CHECK(max_rel_diff(dv, wide(dv32)) > moved);
+}
+
+TEST_CASE("flash attention in a bf16 / fp16 matmul scope rounds its GEMM inputs: a naive loop with the same roundings") {
+  check_flash_in_scope<dsp::bf16>(dsp::backend::MatmulPrecision::Bf16, 1e-4);
+  check_flash_in_scope<dsp::fp16>(dsp::backend::MatmulPrecision::Fp16, 1e-5);
 }
 
 }  // namespace backend_attention_test

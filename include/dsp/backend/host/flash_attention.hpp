@@ -16,6 +16,10 @@
 // k, v, dk, dv [batch, kv_len, kv_heads, head_dim]; lse [batch, q_heads, q_len] fp32;
 // q_positions [batch * q_len]. Query head h reads kv head h / (q_heads / kv_heads); query
 // (b, i) sees keys j <= q_positions[b * q_len + i] and j < kv_len; scale = 1 / sqrt(head_dim).
+//
+// The tile GEMMs are matmul() calls (backend/matmul_precision.hpp): inside a bf16 or fp16
+// scope their inputs are rounded (Q, K, V, dO, the normalised probabilities P and dS), as the
+// tensor-core kernels of the CUDA op round them; the softmax and dS = P * (dP - D) stay fp32.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -25,6 +29,7 @@
 #include "dsp/backend/host/elementwise.hpp"
 #include "dsp/backend/host/gemm.hpp"
 #include "dsp/backend/host/host.hpp"
+#include "dsp/backend/matmul_precision.hpp"
 
 namespace dsp::backend {
 
@@ -92,7 +97,7 @@ inline void flash_attention_forward(Host h, const float* q, const float* k, cons
         const std::int64_t keys = detail::tile_visible_keys(pos, i0, rows, kv_len);
         const float* qt = q + (b * q_len + i0) * ldq + hd * head_dim;
         float* ot = out + (b * q_len + i0) * ldq + hd * head_dim;
-        gemm(h, false, true, rows, keys, head_dim, scale, qt, ldq, kb, ldk, 0.0f, s.data(), keys);
+        matmul(h, false, true, rows, keys, head_dim, scale, qt, ldq, kb, ldk, 0.0f, s.data(), keys);
         for (std::int64_t r = 0; r < rows; ++r) {
           const std::int64_t visible = detail::visible_keys(pos, i0 + r, kv_len);
           const float l = detail::row_softmax(s.data() + r * keys, keys, visible);
@@ -102,7 +107,7 @@ inline void flash_attention_forward(Host h, const float* q, const float* k, cons
           for (std::int64_t r = 0; r < rows; ++r) fill(h, head_dim, 0.0f, ot + r * ldq);
           continue;
         }
-        gemm(h, false, false, rows, head_dim, keys, 1.0f, s.data(), keys, vb, ldk, 0.0f, ot, ldq);
+        matmul(h, false, false, rows, head_dim, keys, 1.0f, s.data(), keys, vb, ldk, 0.0f, ot, ldq);
       }
     }
   }
@@ -138,8 +143,8 @@ inline void flash_attention_backward(Host h, const float* q, const float* k, con
           for (std::int64_t r = 0; r < rows; ++r) fill(h, head_dim, 0.0f, dq + qoff + r * ldq);
           continue;
         }
-        gemm(h, false, true, rows, keys, head_dim, scale, q + qoff, ldq, k + koff, ldk, 0.0f, p.data(), keys);
-        gemm(h, false, true, rows, keys, head_dim, 1.0f, dout + qoff, ldq, v + koff, ldk, 0.0f, ds.data(), keys);
+        matmul(h, false, true, rows, keys, head_dim, scale, q + qoff, ldq, k + koff, ldk, 0.0f, p.data(), keys);
+        matmul(h, false, true, rows, keys, head_dim, 1.0f, dout + qoff, ldq, v + koff, ldk, 0.0f, ds.data(), keys);
         for (std::int64_t r = 0; r < rows; ++r) {
           const std::int64_t visible = detail::visible_keys(pos, i0 + r, kv_len);
           float* pr = p.data() + r * keys;
@@ -150,9 +155,9 @@ inline void flash_attention_backward(Host h, const float* q, const float* k, con
           float* dsr = ds.data() + r * keys;
           for (std::int64_t j = 0; j < keys; ++j) dsr[j] = pr[j] * (dsr[j] - static_cast<float>(d));
         }
-        gemm(h, false, false, rows, head_dim, keys, scale, ds.data(), keys, k + koff, ldk, 0.0f, dq + qoff, ldq);
-        gemm(h, true, false, keys, head_dim, rows, scale, ds.data(), keys, q + qoff, ldq, 1.0f, dk + koff, ldk);
-        gemm(h, true, false, keys, head_dim, rows, 1.0f, p.data(), keys, dout + qoff, ldq, 1.0f, dv + koff, ldk);
+        matmul(h, false, false, rows, head_dim, keys, scale, ds.data(), keys, k + koff, ldk, 0.0f, dq + qoff, ldq);
+        matmul(h, true, false, keys, head_dim, rows, scale, ds.data(), keys, q + qoff, ldq, 1.0f, dk + koff, ldk);
+        matmul(h, true, false, keys, head_dim, rows, 1.0f, p.data(), keys, dout + qoff, ldq, 1.0f, dv + koff, ldk);
       }
     }
   }
