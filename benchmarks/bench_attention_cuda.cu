@@ -1,9 +1,11 @@
-// Causal attention on the GPU, fp32: the tiled memory-efficient kernel (flash_attention_*,
+// Causal attention on the GPU: the tiled memory-efficient kernels (flash_attention_*,
 // backend/cuda/flash_attention.cuh) against the materialising op (attention_*, cuBLAS GEMMs per
 // (batch, head) around a softmax kernel, probabilities [batch, heads, seq, seq] in device
-// memory). Needs a CUDA device; without one every case reports "no CUDA device" as its error.
+// memory), in fp32 and in a bf16 matmul scope (mixed-precision training's: the flash op runs its
+// tensor-core kernels, flash_attention_mma.cuh, and the materialising op's GEMMs take bf16
+// inputs). Needs a CUDA device; without one every case reports "no CUDA device" as its error.
 //
-// attention_cuda/<impl>/<pass>/seq:<s>: batch 2, 12 query heads and 12 key/value heads,
+// attention_cuda[_bf16]/<impl>/<pass>/seq:<s>: batch 2, 12 query heads and 12 key/value heads,
 // head_dim 128 (the attention of bench_train_step_cuda's model), positions 0..s-1; impl flash or
 // materialising; pass fwd (forward, keeping what backward needs: lse or probs) or fwd_bwd
 // (forward then backward).
@@ -14,7 +16,8 @@
 //             forward. The same count for both impls, though the materialising one computes the
 //             masked half too: the ratio of their TFLOPs is the ratio of their speeds.
 //   max_rel_diff  max |out - out_other| / max(1, |out_other|) against the other impl's forward
-//             on the same inputs (fp32: expect ~1e-6)
+//             on the same inputs (fp32: expect ~1e-6; bf16: both round the same inputs, expect
+//             ~1e-3 at most from one-ulp flips of rounded probabilities)
 //   held_MB   device memory the forward keeps for backward (lse or probs), MB = 1e6 B
 #include <benchmark/benchmark.h>
 
@@ -25,6 +28,7 @@
 
 #include "attention_cases.hpp"
 #include "dsp/backend/cuda.hpp"
+#include "dsp/backend/matmul_precision.hpp"
 
 namespace {
 
@@ -104,10 +108,17 @@ void BM_attention(benchmark::State& state, bool flash, bool backward) {
   state.counters["batch"] = batch;
 }
 
+/// BM_attention inside a bf16 matmul scope.
+void BM_attention_bf16(benchmark::State& state, bool flash, bool backward) {
+  dsp::backend::MatmulPrecisionScope scope(dsp::backend::MatmulPrecision::Bf16);
+  BM_attention(state, flash, backward);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   dsp::bench::register_attention_cases("attention_cuda", BM_attention, {2048, 8192});
+  dsp::bench::register_attention_cases("attention_cuda_bf16", BM_attention_bf16, {2048, 8192});
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

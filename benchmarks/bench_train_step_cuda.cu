@@ -12,7 +12,8 @@
 // parameters, gradients and activations rounded on the device, fp32 master weights and
 // moments). The linear layers' GEMMs, and the materialising attention's, take bf16 inputs on
 // the tensor cores (fp32 accumulation; backend/matmul_precision.hpp, each input converted into
-// a bf16 temporary per call); the flash kernel is still fp32 on CUDA cores.
+// a bf16 temporary per call); bf16_flash's attention runs the tensor-core flash kernels
+// (backend/cuda/flash_attention_mma.cuh: bf16 inputs, fp32 accumulation).
 //   time        wall time of one train_step and a synchronisation of the device (the
 //               optimizer's update is still queued when train_step returns); one warm-up step
 //               is not timed
@@ -20,7 +21,7 @@
 //   TFLOPs      training_flops_per_token (PaLM appendix B: 6N + 12 L h s) x tokens/s / 1e12
 //   MFU_fp32    TFLOPs / 67 (H100/H200 SXM fp32 peak without tensor cores, NVIDIA datasheet)
 //   MFU_bf16    TFLOPs / 989 (H200 SXM dense bf16 tensor-core peak): the figure the issue's 40%
-//               goal is about (bf16_flash; its attention is not bf16 yet)
+//               goal is about (bf16_flash)
 //   peak_GB     most device bytes held at once during a measured step (StepResult::memory:
 //               the device counters from the start of the step's schedule; GB = 1e9 B), all
 //               categories

@@ -1,11 +1,13 @@
 #pragma once
 // The precision the model's matrix products multiply in, as torch.autocast chooses it for
-// matmuls: inside a MatmulPrecisionScope(Bf16 or Fp16), matmul() (the GEMM of the linear ops,
-// backend/linear.hpp: every projection, the experts and the output layer, not the MoE router,
-// which opens an fp32 scope; and of the materialising attention, backend/attention.hpp)
-// rounds its two inputs to that type and
-// accumulates in fp32 into its fp32 output (Micikevicius et al., "Mixed Precision Training",
-// ICLR 2018, section 3: 16-bit products, fp32 accumulation; Megatron's --bf16 layers).
+// matmuls: inside a MatmulPrecisionScope(Bf16 or Fp16), matmul() rounds its two inputs to that
+// type and accumulates in fp32 into its fp32 output (Micikevicius et al., "Mixed Precision
+// Training", ICLR 2018, section 3: 16-bit products, fp32 accumulation; Megatron's --bf16
+// layers). Its callers: the GEMM of the linear ops (backend/linear.hpp: every projection, the
+// experts and the output layer, not the MoE router, which opens an fp32 scope), of the
+// materialising attention (backend/attention.hpp) and the tile GEMMs of the Host flash
+// attention; the CUDA flash attention reads the scope to run its tensor-core kernels with the
+// same roundings (backend/cuda/flash_attention_mma.cuh).
 // Mixed-precision training sets it (train/trainer.hpp). There the forward's inputs are mostly
 // 16-bit values already (activations rounded where produced, weights widened from 16-bit
 // storage), so the rounding changes chiefly the backward's output gradients.
@@ -13,9 +15,8 @@
 // backend/cuda/gemm_rounded.cuh (cuBLAS with 16-bit inputs on the tensor cores). The products
 // of 16-bit numbers are exact in fp32 (short of fp32's overflow and underflow range), so the
 // two differ in how they accumulate (order; tensor cores need not round each fp32 sum to
-// nearest) only. The flash attention kernels are not matmul() callers: they keep their own
-// (fp32) precision. The scope is the thread's: a model run outside the trainer (serving, a
-// bare forward with 16-bit activations) multiplies in fp32 unless its caller opens one.
+// nearest) only. The scope is the thread's: a model run outside the trainer (serving, a bare
+// forward with 16-bit activations) multiplies in fp32 unless its caller opens one.
 #include <cstdint>
 
 #include "dsp/backend/host/gemm.hpp"

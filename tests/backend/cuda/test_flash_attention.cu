@@ -2,7 +2,8 @@
 // (backend/host/flash_attention.hpp) on the same inputs: grouped-query heads, a multi-tile
 // prefill with a partial last tile, a KV-cache decode step, rows that see no key, head_dim 128
 // (the kernels' opt-in shared memory above 48 KiB), lse nullptr, and a bitwise-repeatable
-// backward; the output also against the materialising Host attention_forward.
+// backward; the output also against the materialising Host attention_forward. The same in a
+// bf16 and an fp16 matmul scope, where the CUDA op runs its tensor-core kernels.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -17,6 +18,7 @@
 #include "dsp/backend/attention.hpp"
 #include "dsp/backend/cuda/flash_attention.cuh"
 #include "dsp/backend/host/flash_attention.hpp"
+#include "dsp/backend/matmul_precision.hpp"
 
 using dsp::backend::Cuda;
 using dsp::backend::DeviceBuffer;
@@ -52,8 +54,8 @@ bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-/// lse against the Host's: -inf exactly where the Host has -inf, the finite entries within kTol.
-void check_lse(const std::vector<float>& got, const std::vector<float>& want) {
+/// lse against the Host's: -inf exactly where the Host has -inf, the finite entries within tol.
+void check_lse(const std::vector<float>& got, const std::vector<float>& want, double tol) {
   REQUIRE(got.size() == want.size());
   std::vector<float> got_finite, want_finite;
   for (std::size_t i = 0; i < want.size(); ++i) {
@@ -65,14 +67,15 @@ void check_lse(const std::vector<float>& got, const std::vector<float>& want) {
       want_finite.push_back(want[i]);
     }
   }
-  if (!want_finite.empty()) CHECK(relative_error(got_finite, want_finite) < kTol);
+  if (!want_finite.empty()) CHECK(relative_error(got_finite, want_finite) < tol);
 }
 
-/// Forward and backward of the CUDA op against the Host op on random inputs with `positions`;
-/// the output also against attention_forward; lse nullptr gives bitwise the same output; a
+/// Forward and backward of the CUDA op against the Host op on random inputs with `positions`,
+/// within tol (norm-wise relative); the output also against attention_forward; lse nullptr gives bitwise the same output; a
 /// second backward gives bitwise the same gradients; rows that see no key give exactly out 0,
 /// lse -inf and dq 0.
-void check_against_host(const Shape& s, const std::vector<std::int32_t>& positions) {
+void check_against_host(const Shape& s, const std::vector<std::int32_t>& positions,
+                        double tol = kTol) {
   CAPTURE(s.q_len);
   CAPTURE(s.kv_len);
   CAPTURE(s.head_dim);
@@ -101,9 +104,9 @@ void check_against_host(const Shape& s, const std::vector<std::int32_t>& positio
   flash_attention_forward(b, d_q.data(), d_k.data(), d_v.data(), d_pos.data(), s.batch, s.q_len, s.kv_len,
                           s.q_heads, s.kv_heads, s.head_dim, d_out.data(), d_lse.data());
   const auto got_out = on_host(d_out), got_lse = on_host(d_lse);
-  CHECK(relative_error(got_out, out) < kTol);
-  CHECK(relative_error(got_out, reference_out) < kTol);
-  check_lse(got_lse, lse);
+  CHECK(relative_error(got_out, out) < tol);
+  CHECK(relative_error(got_out, reference_out) < tol);
+  check_lse(got_lse, lse, tol);
 
   // Inference: no lse, bitwise the same output (lse is only written, never read).
   DeviceBuffer<float> d_out2(b, q_size);
@@ -116,9 +119,9 @@ void check_against_host(const Shape& s, const std::vector<std::int32_t>& positio
                            d_pos.data(), s.batch, s.q_len, s.kv_len, s.q_heads, s.kv_heads, s.head_dim, d_dq.data(),
                            d_dk.data(), d_dv.data());
   const auto got_dq = on_host(d_dq), got_dk = on_host(d_dk), got_dv = on_host(d_dv);
-  CHECK(relative_error(got_dq, dq) < kTol);
-  CHECK(relative_error(got_dk, dk) < kTol);
-  CHECK(relative_error(got_dv, dv) < kTol);
+  CHECK(relative_error(got_dq, dq) < tol);
+  CHECK(relative_error(got_dk, dk) < tol);
+  CHECK(relative_error(got_dv, dv) < tol);
 
   // Deterministic: a second backward into buffers holding other values (the outputs are
   // overwritten, not accumulated) gives bitwise the same gradients.
@@ -200,6 +203,42 @@ TEST_CASE("flash attention at head_dim 256 with one kv head, and multi-head at 6
   const Shape gqa1{1, 70, 70, 4, 1, 256}, mha{2, 40, 70, 4, 4, 64};
   check_against_host(gqa1, shuffled(gqa1, 5));
   check_against_host(mha, shuffled(mha, 6));
+}
+
+// In a bf16 / fp16 matmul scope (mixed-precision training opens one) the CUDA op runs its
+// tensor-core kernels (backend/cuda/flash_attention_mma.cuh) and the Host op rounds its tile
+// GEMMs' inputs at the same points (Q, K, V, dO, P, dS), so both multiply the same 16-bit
+// numbers and sum in fp32 in different orders. The fp32 differences (~1e-6) flip a rounding of
+// P or dS by one 16-bit ulp (bf16 2^-8 relative) on ~1e-6 / 2^-8 ~ 3e-4 of those elements; a
+// flip moves one term of a sum by 2^-8 of itself, so the norm-wise difference stays near
+// 3e-4^(1/2) x 2^-8 ~ 7e-5: 1e-3 bounds it (backend/test_attention's naive loop over the same
+// contract agrees with the Host op to 6e-5 at most). Skipping a rounding instead moves the
+// results by 2^-9 relative per input, ~3e-3 norm-wise: above the bound. Shapes: head_dim 40
+// (padded to 48 in the 16-bit tiles), 64 and 128 (the two kernel instantiations, over 48 KiB of
+// shared memory), multi-tile prefill with a partial tile, decode, chunked prefill, rows at -1,
+// out-of-order positions.
+TEST_CASE("flash attention in a bf16 / fp16 matmul scope: the tensor-core kernels equal the Host op in that scope within 1e-3") {
+  using dsp::backend::MatmulPrecision;
+  constexpr double kTol16 = 1e-3;
+  for (auto precision : {MatmulPrecision::Bf16, MatmulPrecision::Fp16}) {
+    CAPTURE(static_cast<int>(precision));
+    dsp::backend::MatmulPrecisionScope scope(precision);
+    const Shape prefill{2, 150, 150, 4, 2, 40}, decode{2, 3, 10, 4, 2, 40}, chunked{2, 40, 70, 4, 2, 40};
+    check_against_host(prefill, consecutive_positions(prefill, 0), kTol16);
+    check_against_host(decode, consecutive_positions(decode, 7), kTol16);
+    check_against_host(chunked, consecutive_positions(chunked, 30), kTol16);
+    const Shape masked{2, 6, 40, 4, 2, 40};
+    check_against_host(masked, {-1, 0, -1, 17, 45, -1, 5, -1, 31, 32, 12, -1}, kTol16);
+    const Shape wide{1, 140, 140, 4, 2, 128}, mha{2, 40, 70, 4, 4, 64};
+    check_against_host(wide, consecutive_positions(wide, 0), kTol16);
+    std::vector<std::int32_t> shuffled(std::size_t(mha.batch * mha.q_len));
+    std::uint32_t seed = 9;
+    for (auto& x : shuffled) {
+      seed = seed * 1664525u + 1013904223u;
+      x = std::int32_t(seed >> 8) % std::int32_t(mha.kv_len + 4) - 2;  // [-2, kv_len + 1]
+    }
+    check_against_host(mha, shuffled, kTol16);
+  }
 }
 
 TEST_CASE("flash attention throws Error for a bad shape before launching") {

@@ -203,7 +203,7 @@ TEST_CASE("--grad-reduce-dtype bf16 / fp16 at DP=2 on one GPU (gradients rounded
   }
 }
 
-TEST_CASE("mixed precision on the GPU (16-bit parameters, gradients and activations rounded by the device, fp32 master weights), one rank, ZeRO 1 at DP=2 half offloaded and ZeRO 3 at DP=2: the Host mixed-precision step") {
+TEST_CASE("mixed precision on the GPU (16-bit parameters, gradients and activations rounded by the device, fp32 master weights), one rank (also with flash attention), ZeRO 1 at DP=2 half offloaded and ZeRO 3 at DP=2: the Host mixed-precision step") {
   // As for the 16-bit transport (above), with more rounding points: every kept activation, the
   // gradients and the stored parameters are rounded, and a summation-order difference of ~1e-7
   // relative flips a rounding tie by one 16-bit ulp (bf16 2^-8) on ~1e-7 / 2^-8 = 3e-5 of the
@@ -211,14 +211,18 @@ TEST_CASE("mixed precision on the GPU (16-bit parameters, gradients and activati
   // tokens of smooth functions of them) by ~3e-5 x 2^-8 ~ 1e-7 relative per rounding point;
   // through the two layers and three steps that stays below 1e-5 for the losses and norms, and
   // the fp32 master weights move by at most the flipped fraction of one Adam step: within 1e-4.
-  // fp16 runs with dynamic loss scaling (its default; no overflow at these magnitudes).
+  // fp16 runs with dynamic loss scaling (its default; no overflow at these magnitudes). With
+  // --use-flash-attn the CUDA step runs the tensor-core flash kernels and the Host's flash tile
+  // GEMMs round the same inputs (P and dS are two more rounding points of the same kind).
   const auto compare = [](auto precision) {
     using Precision = decltype(precision);
-    for (auto [dp, stage, offload] : {std::tuple{1, 0, 0.0}, std::tuple{2, 1, 0.5}, std::tuple{2, 3, 0.0}}) {
+    for (auto [dp, stage, offload, flash] : {std::tuple{1, 0, 0.0, false}, std::tuple{1, 0, 0.0, true},
+                                             std::tuple{2, 1, 0.5, false}, std::tuple{2, 3, 0.0, false}}) {
       CAPTURE(dp);
       CAPTURE(stage);
-      const Run host = train_run<backend::Host, Precision>(3, 1, dp, offload, false, stage);
-      const Run gpu = train_run<backend::Cuda, Precision>(3, 1, dp, offload, false, stage);
+      CAPTURE(flash);
+      const Run host = train_run<backend::Host, Precision>(3, 1, dp, offload, flash, stage);
+      const Run gpu = train_run<backend::Cuda, Precision>(3, 1, dp, offload, flash, stage);
       CHECK(gpu.device_parameter_bytes > 0);  // the 16-bit parameters lived in device memory
       check_steps(gpu, host);
       for (const auto& [name, want] : host.params) {

@@ -29,6 +29,15 @@
 // lane, lane + 32, ... of its warp's rows (head_dim <= 256: at most 8 columns per row).
 // Scores and dot products are fp32 (accumulated over head_dim in fp32), as are the online
 // softmax statistics.
+//
+// Those are the fp32 kernels, on the CUDA cores. Inside a bf16 or fp16 matmul scope
+// (backend/matmul_precision.hpp; mixed-precision training opens one) flash_attention_forward and
+// _backward run the tensor-core kernels of backend/cuda/flash_attention_mma.cuh instead, for
+// head_dim up to 128, with the Host op's arithmetic in that scope (16-bit GEMM inputs). Above
+// head_dim 128, or on a device with too little shared memory per block for them
+// (flash_attention_mma_fits), a 16-bit scope still runs the fp32 kernels: they do not round, so
+// their results then differ from the Host's in that scope by about the 16-bit type's rounding
+// (bf16 2^-9 relative per input).
 #if !defined(__CUDACC__)
 #error "dsp/backend/cuda/flash_attention.cuh defines CUDA kernels: include it from a .cu file compiled by nvcc"
 #endif
@@ -43,11 +52,13 @@
 
 #include "dsp/backend/attention.hpp"
 #include "dsp/backend/cuda/cuda.hpp"
-#include "dsp/backend/cuda/device.hpp"
 #include "dsp/backend/cuda/error.hpp"
+#include "dsp/backend/cuda/flash_attention_common.cuh"
+#include "dsp/backend/cuda/flash_attention_mma.cuh"
 #include "dsp/backend/cuda/launch.hpp"
 #include "dsp/backend/cuda/memory.hpp"
-#include "dsp/core/error.hpp"
+#include "dsp/backend/matmul_precision.hpp"
+#include "dsp/core/dtype.hpp"
 
 namespace dsp::backend {
 
@@ -62,36 +73,6 @@ inline constexpr int kFlashQueryRowsPerWarp = 8;
 inline constexpr int kFlashKeyRowsPerWarp = 4;
 inline constexpr int kFlashQueryThreads = 32 * (kFlashTile / kFlashQueryRowsPerWarp);
 inline constexpr int kFlashKeyThreads = 32 * (kFlashTile / kFlashKeyRowsPerWarp);
-/// Largest head_dim: 8 register columns per lane and row.
-inline constexpr std::int64_t kFlashMaxHeadDim = 256;
-/// Shared memory a kernel gets without opting in.
-inline constexpr std::size_t kFlashDefaultSharedBytes = 48 * 1024;
-
-/// Maximum of v over the 32 lanes of the warp, returned to every lane (xor butterfly: every
-/// lane combines the same values in the same tree, so all get the same bits).
-template <class T>
-__device__ __forceinline__ T flash_warp_max(T v) {
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    const T other = __shfl_xor_sync(0xffffffffu, v, offset);
-    v = other > v ? other : v;
-  }
-  return v;
-}
-/// Sum of v over the 32 lanes of the warp, returned to every lane, bitwise the same in each.
-template <class T>
-__device__ __forceinline__ T flash_warp_sum(T v) {
-  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
-
-/// Keys query row i (of a batch's positions) sees: clamp(positions[i] + 1, 0, kv_len); 0 for a
-/// row past q_len (the padding of a partial tile).
-__device__ __forceinline__ std::int64_t flash_visible_keys(const std::int32_t* positions, std::int64_t i,
-                                                           std::int64_t q_len, std::int64_t kv_len) {
-  if (i >= q_len) return 0;
-  const std::int64_t v = std::int64_t(positions[i]) + 1;
-  return v < 0 ? 0 : (v > kv_len ? kv_len : v);
-}
 
 /// Rows first .. first + 31 of a [rows, ld] matrix (columns 0 .. head_dim - 1 from `src`) into
 /// the shared tile dst [32, stride]; rows at or past `rows` are zero. Warp w copies rows w,
@@ -214,26 +195,6 @@ __global__ void __launch_bounds__(kFlashQueryThreads)
       if (col < head_dim) orow[col] = l[rr] > 0.0f ? o[rr][c] / l[rr] : 0.0f;
     }
     if (lse && lane == 0) lse[(b * q_heads + h) * q_len + i] = l[rr] > 0.0f ? m[rr] + logf(l[rr]) : -INFINITY;
-  }
-}
-
-/// D [batch, q_heads, q_len] = rowsum(dout * out) over head_dim (fp64 sum as on the host), one
-/// warp per row t = (b * q_len + i) * q_heads + h of out and dout [batch, q_len, q_heads,
-/// head_dim]; a grid-stride loop over the rows.
-template <int = 0>
-__global__ void flash_attention_dout_dot_kernel(const float* out, const float* dout, std::int64_t rows,
-                                                std::int64_t q_len, std::int64_t q_heads, int head_dim,
-                                                float* dvec) {
-  const int lane = threadIdx.x % 32, warps = blockDim.x / 32;
-  for (std::int64_t t = std::int64_t(blockIdx.x) * warps + threadIdx.x / 32; t < rows;
-       t += std::int64_t(gridDim.x) * warps) {
-    double acc = 0.0;
-    for (int c = lane; c < head_dim; c += 32) acc += double(dout[t * head_dim + c]) * out[t * head_dim + c];
-    acc = flash_warp_sum(acc);
-    if (lane == 0) {
-      const std::int64_t h = t % q_heads, bi = t / q_heads, i = bi % q_len, b = bi / q_len;
-      dvec[(b * q_heads + h) * q_len + i] = static_cast<float>(acc);
-    }
   }
 }
 
@@ -438,35 +399,6 @@ inline std::size_t flash_shared_bytes(int tiles, std::int64_t head_dim) {
   return std::size_t(tiles) * kFlashTile * std::size_t(head_dim | 1) * sizeof(float);
 }
 
-/// Lets `kernel` take `bytes` of dynamic shared memory on the current device: above the default
-/// 48 KiB it opts in (cudaFuncAttributeMaxDynamicSharedMemorySize). Throws Error naming head_dim
-/// when the device's opt-in limit per block is smaller, CudaError when a call fails.
-template <class Kernel>
-void flash_allow_shared_memory(Kernel* kernel, std::size_t bytes, std::int64_t head_dim) {
-  if (bytes <= kFlashDefaultSharedBytes) return;
-  int limit = 0;
-  DSP_CUDA_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, current_device()));
-  DSP_CHECK(bytes <= static_cast<std::size_t>(limit), "flash_attention: head_dim=", head_dim, " needs ", bytes,
-            " bytes of shared memory per block, the device allows ", limit);
-  DSP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-}
-
-/// check_attention_shape, head_dim <= kFlashMaxHeadDim, and the grid limits (y and z at most
-/// 65535 blocks: heads and batch; x at most 2^31 - 1 tiles).
-inline void check_flash_attention_shape(std::int64_t batch, std::int64_t q_len, std::int64_t kv_len,
-                                        std::int64_t q_heads, std::int64_t kv_heads, std::int64_t head_dim) {
-  check_attention_shape(q_heads, kv_heads, head_dim);
-  DSP_CHECK(head_dim <= kFlashMaxHeadDim, "flash_attention: head_dim=", head_dim, " exceeds the CUDA kernels' ",
-            kFlashMaxHeadDim);
-  DSP_CHECK(batch >= 0 && q_len >= 0 && kv_len >= 0, "flash_attention: negative size (batch=", batch,
-            ", q_len=", q_len, ", kv_len=", kv_len, ")");
-  DSP_CHECK(batch <= 65535 && q_heads <= 65535 && kv_heads <= 65535, "flash_attention: batch=", batch,
-            ", q_heads=", q_heads, " or kv_heads=", kv_heads, " exceeds the grid's 65535 blocks");
-  const std::int64_t tiles = (std::max(q_len, kv_len) + kFlashTile - 1) / kFlashTile;
-  DSP_CHECK(tiles <= std::numeric_limits<std::int32_t>::max(), "flash_attention: q_len=", q_len,
-            " or kv_len=", kv_len, " exceeds the grid's 2^31 - 1 tiles");
-}
-
 /// f(std::integral_constant<int, C>{}) with C = register columns per lane and row: 2 up to
 /// head_dim 64, 4 up to 128, 8 up to 256 (three instantiations of each kernel).
 template <class F>
@@ -490,7 +422,8 @@ void with_flash_chunks(std::int64_t head_dim, F&& f) {
 /// (-inf for a query that sees no key, whose out row is 0). lse may be nullptr (inference).
 /// FlashAttention-2 algorithm 1 (Dao 2023): 32-row query tiles against 32-key tiles up to the
 /// tile's last visible key, online softmax in registers; 3 * 32 * (head_dim | 1) floats of
-/// shared memory per block (file comment). Throws Error when q_heads is not a multiple of
+/// shared memory per block (file comment). In a bf16 / fp16 matmul scope at head_dim <= 128,
+/// the tensor-core kernel (flash_attention_mma.cuh). Throws Error when q_heads is not a multiple of
 /// kv_heads, head_dim is outside [1, 256], a size is negative or exceeds the grid, or the
 /// device's shared memory per block is too small for head_dim; CudaError when a launch fails.
 inline void flash_attention_forward(Cuda b, const float* q, const float* k, const float* v,
@@ -501,6 +434,20 @@ inline void flash_attention_forward(Cuda b, const float* q, const float* k, cons
   // kv_len == 0 still launches: every row sees no key and gets out 0, lse -inf.
   if (batch == 0 || q_len == 0 || q_heads == 0) return;
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  if (matmul_precision() != MatmulPrecision::Fp32 && detail::flash_attention_mma_fits(head_dim)) {
+    switch (matmul_precision()) {
+      case MatmulPrecision::Bf16:
+        detail::flash_attention_forward_mma<bf16>(b, q, k, v, q_positions, batch, q_len, kv_len, q_heads, kv_heads,
+                                                  head_dim, scale, out, lse);
+        return;
+      case MatmulPrecision::Fp16:
+        detail::flash_attention_forward_mma<fp16>(b, q, k, v, q_positions, batch, q_len, kv_len, q_heads, kv_heads,
+                                                  head_dim, scale, out, lse);
+        return;
+      case MatmulPrecision::Fp32:
+        break;
+    }
+  }
   const dim3 grid(static_cast<unsigned>((q_len + detail::kFlashTile - 1) / detail::kFlashTile),
                   static_cast<unsigned>(q_heads), static_cast<unsigned>(batch));
   const std::size_t bytes = detail::flash_shared_bytes(3, head_dim);
@@ -522,8 +469,9 @@ inline void flash_attention_forward(Cuda b, const float* q, const float* k, cons
 /// q heads of a kv head's group). FlashAttention-2 algorithm 2 (Dao 2023) in three kernels: D
 /// into a [batch, q_heads, q_len] scratch buffer, then dK/dV per key tile and dQ per query tile
 /// (4 * 32 * (head_dim | 1) floats of shared memory per block), each output written once by one
-/// thread: deterministic, bitwise equal from run to run (no atomics). Throws as
-/// flash_attention_forward.
+/// thread: deterministic, bitwise equal from run to run (no atomics). In a bf16 / fp16 matmul
+/// scope at head_dim <= 128, the tensor-core dK/dV and dQ kernels (flash_attention_mma.cuh),
+/// deterministic as well. Throws as flash_attention_forward.
 inline void flash_attention_backward(Cuda b, const float* q, const float* k, const float* v, const float* out,
                                      const float* dout, const float* lse, const std::int32_t* q_positions,
                                      std::int64_t batch, std::int64_t q_len, std::int64_t kv_len,
@@ -542,6 +490,20 @@ inline void flash_attention_backward(Cuda b, const float* q, const float* k, con
     detail::flash_attention_dout_dot_kernel<<<blocks, detail::kBlockThreads, 0, b.stream>>>(out, dout, rows, q_len,
                                                                                            q_heads, hd, dvec.data());
     DSP_CUDA_CHECK(cudaGetLastError());
+  }
+  if (matmul_precision() != MatmulPrecision::Fp32 && detail::flash_attention_mma_fits(head_dim)) {
+    switch (matmul_precision()) {
+      case MatmulPrecision::Bf16:
+        detail::flash_attention_backward_mma<bf16>(b, q, k, v, dout, lse, dvec.data(), q_positions, batch, q_len,
+                                                   kv_len, q_heads, kv_heads, head_dim, scale, dq, dk, dv);
+        return;
+      case MatmulPrecision::Fp16:
+        detail::flash_attention_backward_mma<fp16>(b, q, k, v, dout, lse, dvec.data(), q_positions, batch, q_len,
+                                                   kv_len, q_heads, kv_heads, head_dim, scale, dq, dk, dv);
+        return;
+      case MatmulPrecision::Fp32:
+        break;
+    }
   }
   detail::with_flash_chunks(head_dim, [&](auto chunks) {
     constexpr int C = decltype(chunks)::value;
