@@ -102,12 +102,35 @@ struct MmaLayout {
   __host__ __device__ std::size_t tile_bytes() const { return std::size_t(kMmaTile) * ldh * sizeof(std::uint16_t); }
 };
 
-/// Bytes of dynamic shared memory of a kernel with `tiles` 16-bit tiles and, per warp,
-/// `scores` fp32 and `probs` 16-bit scratch blocks, plus the row statistics.
-inline std::size_t mma_shared_bytes(const MmaLayout& layout, int tiles, int scores, int probs) {
-  return tiles * layout.tile_bytes() + kMmaWarps * (scores * kMmaScoreBytes + probs * kMmaProbBytes) +
-         kMmaStatBytes;
-}
+/// The carve-up of a kernel's dynamic shared memory, in this order: `tiles` 16-bit tiles; per
+/// warp `scores` fp32 and then per warp `probs` 16-bit scratch blocks; the row statistics of a
+/// tile (visible keys, lse, D). Every region starts 32-byte aligned (file comment).
+struct MmaShared {
+  MmaLayout layout;
+  int tiles, scores, probs;
+  unsigned char* base = nullptr;
+  /// Bytes of the whole.
+  __host__ __device__ std::size_t bytes() const {
+    return tiles * layout.tile_bytes() + kMmaWarps * (scores * kMmaScoreBytes + probs * kMmaProbBytes) +
+           kMmaStatBytes;
+  }
+  __device__ std::uint16_t* tile(int i) const {
+    return reinterpret_cast<std::uint16_t*>(base + i * layout.tile_bytes());
+  }
+  /// Scratch block i of `warp`: fp32 [16, kMmaScoreStride], 16-bit [16, kMmaProbStride].
+  __device__ float* score(int warp, int i) const {
+    return reinterpret_cast<float*>(base + tiles * layout.tile_bytes() + (warp * scores + i) * kMmaScoreBytes);
+  }
+  __device__ std::uint16_t* prob(int warp, int i) const {
+    return reinterpret_cast<std::uint16_t*>(base + tiles * layout.tile_bytes() +
+                                            kMmaWarps * scores * kMmaScoreBytes + (warp * probs + i) * kMmaProbBytes);
+  }
+  __device__ std::int64_t* visible() const {
+    return reinterpret_cast<std::int64_t*>(base + bytes() - kMmaStatBytes);
+  }
+  __device__ float* row_lse() const { return reinterpret_cast<float*>(visible() + kMmaTile); }
+  __device__ float* row_d() const { return row_lse() + kMmaTile; }
+};
 
 /// Whether the tensor-core kernels run at head_dim on the current device: head_dim <= 128 and
 /// the backward's shared memory (the larger dK/dV kernel's) within the device's opt-in limit
@@ -117,7 +140,7 @@ inline bool flash_attention_mma_fits(std::int64_t head_dim) {
   if (head_dim > kMmaMaxHeadDim) return false;
   int limit = 0;
   DSP_CUDA_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, current_device()));
-  return mma_shared_bytes(MmaLayout(static_cast<int>(head_dim)), 4, 2, 2) <= static_cast<std::size_t>(limit);
+  return MmaShared{MmaLayout(static_cast<int>(head_dim)), 4, 2, 2}.bytes() <= static_cast<std::size_t>(limit);
 }
 
 /// Rows first .. first + 63 of a [rows, ld] fp32 matrix (columns 0 .. head_dim - 1 of `src`)
@@ -215,6 +238,19 @@ __device__ __forceinline__ void mma_store_rows(
   __syncwarp();
 }
 
+/// The backward's statistics of query rows i0 .. i0 + 63 of q head h, batch b, into shared
+/// memory: visible keys, lse (-inf past q_len) and D (0 past q_len). Threads 0-63 each write one
+/// row; the caller synchronises.
+__device__ __forceinline__ void mma_load_stats(const MmaShared& sh, const std::int32_t* pos, const float* lse,
+                                               const float* dvec, std::int64_t b, std::int64_t h, std::int64_t i0,
+                                               std::int64_t q_len, std::int64_t kv_len, std::int64_t q_heads) {
+  if (threadIdx.x >= kMmaTile) return;
+  const std::int64_t i = i0 + threadIdx.x, stat = (b * q_heads + h) * q_len + i;
+  sh.visible()[threadIdx.x] = flash_visible_keys(pos, i, q_len, kv_len);
+  sh.row_lse()[threadIdx.x] = i < q_len ? lse[stat] : -INFINITY;
+  sh.row_d()[threadIdx.x] = i < q_len ? dvec[stat] : 0.0f;
+}
+
 /// Forward. Block (query tile blockIdx.x, q head blockIdx.y, batch blockIdx.z), kMmaThreads
 /// threads; warp w owns tile rows 16 w .. 16 w + 15, lanes 2 r and 2 r + 1 row r of them for the
 /// softmax (keys 0-31 and 32-63 of the key tile). Two passes (file comment); out = O, lse =
@@ -231,16 +267,10 @@ __global__ void __launch_bounds__(kMmaThreads)
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, row = lane / 2, half = lane % 2;
   const std::int64_t b = blockIdx.z, h = blockIdx.y, i0 = std::int64_t(blockIdx.x) * kMmaTile;
   const std::int64_t g = h / (q_heads / kv_heads), ldq = q_heads * head_dim, ldk = kv_heads * head_dim;
-  unsigned char* at = flash_mma_shared;
-  auto* qs = reinterpret_cast<std::uint16_t*>(at);
-  auto* ks = reinterpret_cast<std::uint16_t*>(at + layout.tile_bytes());
-  auto* vs = reinterpret_cast<std::uint16_t*>(at + 2 * layout.tile_bytes());
-  at += 3 * layout.tile_bytes();
-  float* ss = reinterpret_cast<float*>(at + warp * kMmaScoreBytes);
-  at += kMmaWarps * kMmaScoreBytes;
-  auto* ps = reinterpret_cast<std::uint16_t*>(at + warp * kMmaProbBytes);
-  at += kMmaWarps * kMmaProbBytes;
-  auto* visible = reinterpret_cast<std::int64_t*>(at);
+  const MmaShared sh{layout, 3, 1, 1, flash_mma_shared};
+  std::uint16_t *qs = sh.tile(0), *ks = sh.tile(1), *vs = sh.tile(2), *ps = sh.prob(warp, 0);
+  float* ss = sh.score(warp, 0);
+  std::int64_t* visible = sh.visible();
   const float* qb = q + b * q_len * ldq + h * head_dim;  // row i at qb + i * ldq
   const float* kb = k + b * kv_len * ldk + g * head_dim;
   const float* vb = v + b * kv_len * ldk + g * head_dim;
@@ -320,39 +350,24 @@ __global__ void __launch_bounds__(kMmaThreads)
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, row = lane / 2, half = lane % 2;
   const std::int64_t b = blockIdx.z, h = blockIdx.y, i0 = std::int64_t(blockIdx.x) * kMmaTile;
   const std::int64_t g = h / (q_heads / kv_heads), ldq = q_heads * head_dim, ldk = kv_heads * head_dim;
-  unsigned char* at = flash_mma_shared;
-  auto* qs = reinterpret_cast<std::uint16_t*>(at);
-  auto* dos = reinterpret_cast<std::uint16_t*>(at + layout.tile_bytes());
-  auto* ks = reinterpret_cast<std::uint16_t*>(at + 2 * layout.tile_bytes());
-  auto* vs = reinterpret_cast<std::uint16_t*>(at + 3 * layout.tile_bytes());
-  at += 4 * layout.tile_bytes();
-  float* ss = reinterpret_cast<float*>(at + warp * 2 * kMmaScoreBytes);
-  float* dps = ss + kMmaScoreBytes / sizeof(float);
-  at += kMmaWarps * 2 * kMmaScoreBytes;
-  auto* dss = reinterpret_cast<std::uint16_t*>(at + warp * kMmaProbBytes);
-  at += kMmaWarps * kMmaProbBytes;
-  auto* visible = reinterpret_cast<std::int64_t*>(at);
-  auto* row_lse = reinterpret_cast<float*>(visible + kMmaTile);
-  float* row_d = row_lse + kMmaTile;
+  const MmaShared sh{layout, 4, 2, 1, flash_mma_shared};
+  std::uint16_t *qs = sh.tile(0), *dos = sh.tile(1), *ks = sh.tile(2), *vs = sh.tile(3), *dss = sh.prob(warp, 0);
+  float *ss = sh.score(warp, 0), *dps = sh.score(warp, 1);
   const std::int64_t qoff = b * q_len * ldq + h * head_dim;  // row i at qoff + i * ldq
   const float* kb = k + b * kv_len * ldk + g * head_dim;
   const float* vb = v + b * kv_len * ldk + g * head_dim;
   const std::int32_t* pos = positions + b * q_len;
 
-  if (threadIdx.x < kMmaTile) {
-    const std::int64_t i = i0 + threadIdx.x, stat = (b * q_heads + h) * q_len + i;
-    visible[threadIdx.x] = flash_visible_keys(pos, i, q_len, kv_len);
-    row_lse[threadIdx.x] = i < q_len ? lse[stat] : -INFINITY;
-    row_d[threadIdx.x] = i < q_len ? dvec[stat] : 0.0f;
-  }
+  mma_load_stats(sh, pos, lse, dvec, b, h, i0, q_len, kv_len, q_heads);
   mma_load_tile<T>(qs, q + qoff, i0, q_len, ldq, head_dim, layout);
   mma_load_tile<T>(dos, dout + qoff, i0, q_len, ldq, head_dim, layout);
   __syncthreads();
+  const std::int64_t* visible = sh.visible();
   std::int64_t tile_keys = 0;
   for (int r = 0; r < kMmaTile; ++r) tile_keys = visible[r] > tile_keys ? visible[r] : tile_keys;
   const int r_tile = warp * kMmaEdge + row;
   const std::int64_t rv = visible[r_tile];
-  const float rl = row_lse[r_tile], rd = row_d[r_tile];
+  const float rl = sh.row_lse()[r_tile], rd = sh.row_d()[r_tile];
 
   wmma::fragment<wmma::accumulator, kMmaEdge, kMmaEdge, kMmaEdge, float> acc[Frags];
 #pragma unroll
@@ -403,21 +418,12 @@ __global__ void __launch_bounds__(kMmaThreads)
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, row = lane / 2, half = lane % 2;
   const std::int64_t b = blockIdx.z, g = blockIdx.y, j0 = std::int64_t(blockIdx.x) * kMmaTile;
   const std::int64_t group = q_heads / kv_heads, ldq = q_heads * head_dim, ldk = kv_heads * head_dim;
-  unsigned char* at = flash_mma_shared;
-  auto* ks = reinterpret_cast<std::uint16_t*>(at);
-  auto* vs = reinterpret_cast<std::uint16_t*>(at + layout.tile_bytes());
-  auto* qs = reinterpret_cast<std::uint16_t*>(at + 2 * layout.tile_bytes());
-  auto* dos = reinterpret_cast<std::uint16_t*>(at + 3 * layout.tile_bytes());
-  at += 4 * layout.tile_bytes();
-  float* sts = reinterpret_cast<float*>(at + warp * 2 * kMmaScoreBytes);
-  float* dpts = sts + kMmaScoreBytes / sizeof(float);
-  at += kMmaWarps * 2 * kMmaScoreBytes;
-  auto* pts = reinterpret_cast<std::uint16_t*>(at + warp * 2 * kMmaProbBytes);
-  std::uint16_t* dsts = pts + kMmaProbBytes / sizeof(std::uint16_t);
-  at += kMmaWarps * 2 * kMmaProbBytes;
-  auto* visible = reinterpret_cast<std::int64_t*>(at);
-  auto* row_lse = reinterpret_cast<float*>(visible + kMmaTile);
-  float* row_d = row_lse + kMmaTile;
+  const MmaShared sh{layout, 4, 2, 2, flash_mma_shared};
+  std::uint16_t *ks = sh.tile(0), *vs = sh.tile(1), *qs = sh.tile(2), *dos = sh.tile(3);
+  std::uint16_t *pts = sh.prob(warp, 0), *dsts = sh.prob(warp, 1);
+  float *sts = sh.score(warp, 0), *dpts = sh.score(warp, 1);
+  const std::int64_t* visible = sh.visible();
+  const float *row_lse = sh.row_lse(), *row_d = sh.row_d();
   const std::int64_t koff = b * kv_len * ldk + g * head_dim;  // key j at koff + j * ldk
   const std::int32_t* pos = positions + b * q_len;
   const std::int64_t key = j0 + warp * kMmaEdge + row;  // the key of this lane's P^T and dS^T row
@@ -435,12 +441,7 @@ __global__ void __launch_bounds__(kMmaThreads)
     const std::int64_t qoff = b * q_len * ldq + h * head_dim;  // row i at qoff + i * ldq
     for (std::int64_t i0 = 0; i0 < q_len; i0 += kMmaTile) {
       __syncthreads();  // every warp is done with the previous query tile's rows and statistics
-      if (threadIdx.x < kMmaTile) {
-        const std::int64_t i = i0 + threadIdx.x, stat = (b * q_heads + h) * q_len + i;
-        visible[threadIdx.x] = flash_visible_keys(pos, i, q_len, kv_len);
-        row_lse[threadIdx.x] = i < q_len ? lse[stat] : -INFINITY;
-        row_d[threadIdx.x] = i < q_len ? dvec[stat] : 0.0f;
-      }
+      mma_load_stats(sh, pos, lse, dvec, b, h, i0, q_len, kv_len, q_heads);
       __syncthreads();
       std::int64_t most = 0;
       for (int r = 0; r < kMmaTile; ++r) most = visible[r] > most ? visible[r] : most;
@@ -495,7 +496,7 @@ void flash_attention_forward_mma(Cuda b, const float* q, const float* k, const f
                                  std::int64_t kv_len, std::int64_t q_heads, std::int64_t kv_heads,
                                  std::int64_t head_dim, float scale, float* out, float* lse) {
   const MmaLayout layout(static_cast<int>(head_dim));
-  const std::size_t bytes = mma_shared_bytes(layout, 3, 1, 1);
+  const std::size_t bytes = MmaShared{layout, 3, 1, 1}.bytes();
   const dim3 grid(static_cast<unsigned>((q_len + kMmaTile - 1) / kMmaTile), static_cast<unsigned>(q_heads),
                   static_cast<unsigned>(batch));
   with_mma_frags(head_dim, [&](auto frags) {
@@ -521,7 +522,7 @@ void flash_attention_backward_mma(Cuda b, const float* q, const float* k, const 
     constexpr int F = decltype(frags)::value;
     // q_len == 0 (or q_heads == 0) still launches: dk and dv are overwritten with 0.
     if (kv_len > 0) {
-      const std::size_t bytes = mma_shared_bytes(layout, 4, 2, 2);
+      const std::size_t bytes = MmaShared{layout, 4, 2, 2}.bytes();
       const dim3 grid(static_cast<unsigned>((kv_len + kMmaTile - 1) / kMmaTile), static_cast<unsigned>(kv_heads),
                       static_cast<unsigned>(batch));
       flash_allow_shared_memory(flash_attention_backward_dkdv_mma_kernel<T, F>, bytes, head_dim);
@@ -531,7 +532,7 @@ void flash_attention_backward_mma(Cuda b, const float* q, const float* k, const 
     }
     // kv_len == 0 still launches: dq is overwritten with 0.
     if (batch * q_len * q_heads > 0) {
-      const std::size_t bytes = mma_shared_bytes(layout, 4, 2, 1);
+      const std::size_t bytes = MmaShared{layout, 4, 2, 1}.bytes();
       const dim3 grid(static_cast<unsigned>((q_len + kMmaTile - 1) / kMmaTile), static_cast<unsigned>(q_heads),
                       static_cast<unsigned>(batch));
       flash_allow_shared_memory(flash_attention_backward_dq_mma_kernel<T, F>, bytes, head_dim);
