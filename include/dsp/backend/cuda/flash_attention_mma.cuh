@@ -238,6 +238,17 @@ __device__ __forceinline__ void mma_store_rows(
   __syncwarp();
 }
 
+/// What a query-tile block (query tile blockIdx.x, q head blockIdx.y, batch blockIdx.z) works on:
+/// batch b, q head h, first row i0, kv head g, and the row strides of q and of k / v.
+struct MmaQueryBlock {
+  std::int64_t b, h, i0, g, ldq, ldk;
+};
+__device__ __forceinline__ MmaQueryBlock mma_query_block(std::int64_t q_heads, std::int64_t kv_heads, int head_dim) {
+  const std::int64_t h = blockIdx.y;
+  return {blockIdx.z, h, std::int64_t(blockIdx.x) * kMmaTile, h / (q_heads / kv_heads), q_heads * head_dim,
+          kv_heads * head_dim};
+}
+
 /// The backward's statistics of query rows i0 .. i0 + 63 of q head h, batch b, into shared
 /// memory: visible keys, lse (-inf past q_len) and D (0 past q_len). Threads 0-63 each write one
 /// row; the caller synchronises.
@@ -265,8 +276,7 @@ __global__ void __launch_bounds__(kMmaThreads)
   extern __shared__ __align__(128) unsigned char flash_mma_shared[];
   const MmaLayout layout(head_dim);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, row = lane / 2, half = lane % 2;
-  const std::int64_t b = blockIdx.z, h = blockIdx.y, i0 = std::int64_t(blockIdx.x) * kMmaTile;
-  const std::int64_t g = h / (q_heads / kv_heads), ldq = q_heads * head_dim, ldk = kv_heads * head_dim;
+  const auto [b, h, i0, g, ldq, ldk] = mma_query_block(q_heads, kv_heads, head_dim);
   const MmaShared sh{layout, 3, 1, 1, flash_mma_shared};
   std::uint16_t *qs = sh.tile(0), *ks = sh.tile(1), *vs = sh.tile(2), *ps = sh.prob(warp, 0);
   float* ss = sh.score(warp, 0);
@@ -348,8 +358,7 @@ __global__ void __launch_bounds__(kMmaThreads)
   extern __shared__ __align__(128) unsigned char flash_mma_shared[];
   const MmaLayout layout(head_dim);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, row = lane / 2, half = lane % 2;
-  const std::int64_t b = blockIdx.z, h = blockIdx.y, i0 = std::int64_t(blockIdx.x) * kMmaTile;
-  const std::int64_t g = h / (q_heads / kv_heads), ldq = q_heads * head_dim, ldk = kv_heads * head_dim;
+  const auto [b, h, i0, g, ldq, ldk] = mma_query_block(q_heads, kv_heads, head_dim);
   const MmaShared sh{layout, 4, 2, 1, flash_mma_shared};
   std::uint16_t *qs = sh.tile(0), *dos = sh.tile(1), *ks = sh.tile(2), *vs = sh.tile(3), *dss = sh.prob(warp, 0);
   float *ss = sh.score(warp, 0), *dps = sh.score(warp, 1);
