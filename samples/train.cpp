@@ -90,6 +90,10 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--adam-beta2", o.train.adam.beta2, "AdamW beta2");
   app.add_option("--adam-eps", o.train.adam.eps, "AdamW epsilon");
   app.add_option("--clip-grad", o.train.clip_grad, "global gradient-norm clip (0: off)");
+  app.add_flag("--check-for-nan-in-loss-and-grad,!--no-check-for-nan-in-loss-and-grad",
+               o.train.check_for_nan_in_loss_and_grad,
+               "stop with an error, before the update, at a step whose gradient norm is NaN or infinite (default on; "
+               "a step skipped by loss scaling is not checked)");
   app.add_option("--seed", o.train.seed, "seed of parameters and data order");
   app.add_option("--ddp-bucket-size", o.train.ddp.bucket_size_bytes, "bytes of gradients per data-parallel all-reduce bucket");
   app.add_flag("--overlap-grad-reduce,!--no-overlap-grad-reduce", o.train.ddp.overlap_grad_reduce,

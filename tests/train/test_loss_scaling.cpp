@@ -8,9 +8,11 @@
 // injected through Trainer::set_grad_hook.) The same with precision::Fp16Mixed (fp16 gradients).
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "dsp/backend/host.hpp"
@@ -134,6 +136,59 @@ TEST_CASE("Fp16Mixed: an infinity in one fp16 gradient on one rank skips the ste
   // The same with fp16 parameters and gradients and fp32 master weights: the snapshot compares
   // the master weights and moments.
   skip_on_injected_infinity<Policy<backend::Host, comm::ThreadComm, precision::Fp16Mixed>>();
+}
+
+// Without loss scaling nothing skips a step: a NaN in one gradient element on one rank (TP 2 x
+// DP 2, injected at step 2 on rank 1 after the data-parallel reduction, so that only its model
+// group's norm is NaN), and with check_for_nan_in_loss_and_grad (the default) every rank's
+// train_step throws Error naming the step and the flag, before the update: parameters and
+// moments bitwise those of step 1. Turned off, the step goes through.
+template <class Pol>
+void stop_on_injected_nan() {
+  using Storage = typename train::Trainer<Pol>::Storage;
+  const auto config = test::small_model();
+  for (bool check : {true, false}) {
+    CAPTURE(check);
+    auto tc = train_config(0);
+    tc.check_for_nan_in_loss_and_grad = check;
+    std::atomic<int> threw{0};
+    comm::launch(4, [&](comm::ThreadComm& world) {
+      DeviceMesh mesh(world, ParallelLayout{.tensor = 2, .data = 2});
+      train::Trainer<Pol> trainer(config, tc, mesh, test::shakespeare(config.seq_length));
+      int step = 1;
+      trainer.set_grad_hook([&](train::Trainer<Pol>& t) {
+        if (step != 2 || world.rank() != 1) return;
+        auto g = t.optimizer().gradient(0);
+        REQUIRE_FALSE(g.empty());
+        g[g.size() / 2] = Storage(std::numeric_limits<float>::quiet_NaN());
+      });
+      CHECK(std::isfinite(trainer.train_step().grad_norm));
+      step = 2;
+      const std::vector<float> before = snapshot(trainer);
+      if (check) {
+        try {
+          trainer.train_step();
+        } catch (const Error& e) {
+          ++threw;
+          const std::string what = e.what();
+          CHECK(what.find("step 2: the gradient norm is not finite") != std::string::npos);
+          CHECK(what.find("--no-check-for-nan-in-loss-and-grad") != std::string::npos);
+        }
+        CHECK(trainer.iteration() == 1);
+        CHECK(snapshot(trainer) == before);
+      } else {
+        const float norm = trainer.train_step().grad_norm;
+        CHECK(std::isnan(norm) == (world.rank() < 2));  // the NaN's model group (ranks 0 and 1)
+        CHECK(trainer.iteration() == 2);
+      }
+    });
+    CHECK(threw == (check ? 4 : 0));
+  }
+}
+
+TEST_CASE("without loss scaling, a NaN gradient on one rank stops every rank before the update (fp32 and bf16)") {
+  stop_on_injected_nan<P>();
+  stop_on_injected_nan<Policy<backend::Host, comm::ThreadComm, precision::Bf16Mixed>>();
 }
 
 TEST_CASE("fp16 gradient transport: a scale that overflows it backs off until steps succeed, on every rank alike") {

@@ -64,6 +64,12 @@ struct TrainConfig {
   std::int64_t lr_warmup_iters = 0;    ///< --lr-warmup-iters
   std::int64_t lr_decay_iters = 0;     ///< --lr-decay-iters (0: train_iters)
   float clip_grad = 1.0f;              ///< --clip-grad (0: off)
+  /// Megatron's check (on by default; --no-check-for-nan-in-loss-and-grad turns it off): a step
+  /// that is not skipped by loss scaling and whose gradient norm is NaN or infinite on any rank
+  /// throws Error on every rank before the update, so the parameters and moments are those of
+  /// the step before (the last checkpoint stays valid). Costs two one-element all-reduces per
+  /// step. Off, such a step updates as usual (and writes NaN into the parameters).
+  bool check_for_nan_in_loss_and_grad = true;
   zero::AdamWConfig adam;              ///< --adam-beta1/2, --adam-eps, --weight-decay
   std::uint64_t seed = 1234;           ///< --seed (parameters and data order)
   std::int64_t eval_iters = 4;         ///< --eval-iters (global batches of validation data)
@@ -302,6 +308,18 @@ class Trainer {
         trace::Span span("clip_grad", trace::Kind::Compute);
         r.grad_norm = optimizer_.clip_grad_norm(tc_.clip_grad, mesh_->model_group(), &mesh_->expert_group());
       }
+      // The norm is all-reduced, but a fault after the data-parallel reduction (one replica's
+      // gradients) reaches only its model group's norm: decided over every rank, so that every
+      // rank throws here, or none (as the loss scaler's overflow check).
+      if (tc_.check_for_nan_in_loss_and_grad &&
+          precision::any_rank(mesh_->data_group(),
+                              precision::any_rank(mesh_->model_group(), !std::isfinite(r.grad_norm))))
+        throw Error(dsp::detail::concat(
+            "step ", optimizer_.steps() + 1, ": the gradient norm is not finite (", r.grad_norm,
+            " on this rank's model group; a NaN or infinity in the gradients: from the data, the model, or a forward "
+            "that overflowed; without loss scaling nothing skips such a step). Stopped before the update: the "
+            "parameters and optimizer state are those of step ", optimizer_.steps(),
+            ". --no-check-for-nan-in-loss-and-grad turns this check off"));
       trace::Span span("optimizer.step", trace::Kind::Compute);
       optimizer_.step(r.lr);
       update_expert_biases(r.moe);
