@@ -106,10 +106,19 @@ if [[ $ctest_rc -ne 0 ]] || grep -q 'Skipped' "$ctest_log"; then
   tests_ok=0
   echo "gpu-check: GPU tests failed or skipped (see above); going on to the benchmark" >&2
   # What failed goes into the results file too: it may be all that comes back from the GPU
-  # machine. A test that faulted (or failed) is rerun once under compute-sanitizer where the
-  # toolkit has it, which names the kernel, the thread and the bad address.
-  failed=$(grep -E '^[[:space:]]*[0-9]+ - [^ ]+ \((Failed|SEGFAULT|Subprocess aborted|Exception|Timeout|Child aborted)' \
+  # machine. A CUDA test that crashed (or any failed one, when the log shows a CUDA error) is
+  # rerun once under compute-sanitizer where the toolkit has it, which names the kernel, the
+  # thread and the bad address (a plain numerical failure is not: device time is scarce).
+  failed=$(grep -E '^[[:space:]]*[0-9]+ - [^ ]+ \((Failed|SEGFAULT|Subprocess aborted|Exception|Timeout|Child aborted|ILLEGAL|OTHER_FAULT|NUMERICAL|INTERRUPT)' \
     "$ctest_log" | sed -E 's/^[[:space:]]*[0-9]+ - ([^ ]+) .*/\1/' | sort -u || true)
+  faulted=()
+  for name in $failed; do
+    [[ -e tests/$name.cu ]] || continue
+    if grep -qE "^[[:space:]]*[0-9]+ - $name \((SEGFAULT|Subprocess aborted|Child aborted|ILLEGAL|OTHER_FAULT)" "$ctest_log" ||
+      grep -qiE 'CudaError|illegal memory|misaligned|unspecified launch failure' "$ctest_log"; then
+      faulted+=("$name")
+    fi
+  done
   sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2> /dev/null || true)
   {
     echo
@@ -118,13 +127,13 @@ if [[ $ctest_rc -ne 0 ]] || grep -q 'Skipped' "$ctest_log"; then
     echo '```'
     grep -E 'ERROR|FATAL|values:|logged:|CudaError|CUDA error|error:' "$ctest_log" | head -80 || true
     echo '```'
-    for name in $(head -2 <<< "$failed"); do  # at most two: device time is scarce
-      [[ -n $sanitizer && -e tests/$name.cu ]] || continue
+    for name in "${faulted[@]:0:2}"; do  # at most two
+      [[ -n $sanitizer ]] || break
       echo
       echo "### compute-sanitizer memcheck: $name"
       echo
       echo '```'
-      timeout 120 "$sanitizer" --tool memcheck --print-limit 8 "$build/tests/dsp_cuda_tests" \
+      timeout 90 "$sanitizer" --tool memcheck --print-limit 8 "$build/tests/dsp_cuda_tests" \
         --source-file="*/$name.cu" --no-version 2>&1 | tail -60 || true
       echo '```'
     done

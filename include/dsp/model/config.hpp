@@ -44,9 +44,10 @@ struct ModelConfig {
   /// backward instead of the probabilities [batch, heads/tp, seq, seq] and recomputes them
   /// (backend flash_attention_forward/backward; FlashAttention, Dao et al. 2022). The same
   /// function in a different summation order: in fp32 results agree to ~1e-6 relative, not
-  /// bitwise; with 16-bit activations the materialising path rounds the probabilities to 16
-  /// bits and this one keeps nothing to round, so they differ by that rounding. A choice of
-  /// kernel, not of weights: not written to config.json.
+  /// bitwise. In mixed precision both round their GEMM inputs (P included) to 16 bits, but the
+  /// materialising path computes dS from its kept 16-bit P and this one from the recomputed
+  /// fp32 P, so they differ by that rounding. A choice of kernel, not of weights: not written
+  /// to config.json.
   bool use_flash_attn = false;
 
   std::int64_t head_dim() const { return hidden_size / num_attention_heads; }

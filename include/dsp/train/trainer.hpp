@@ -67,8 +67,11 @@ struct TrainConfig {
   /// Megatron's check (on by default; --no-check-for-nan-in-loss-and-grad turns it off): a step
   /// that is not skipped by loss scaling and whose gradient norm is NaN or infinite on any rank
   /// throws Error on every rank before the update, so the parameters and moments are those of
-  /// the step before (the last checkpoint stays valid). Costs two one-element all-reduces per
-  /// step. Off, such a step updates as usual (and writes NaN into the parameters).
+  /// the step before (the last checkpoint stays valid). The error ends the run, as in Megatron:
+  /// do not call train_step on that trainer again (its gradients are left as the failed step
+  /// made them); resume from the checkpoint. Costs one one-element all-reduce over the
+  /// data-parallel group per step. Off, such a step updates as usual (and writes NaN into the
+  /// parameters).
   bool check_for_nan_in_loss_and_grad = true;
   zero::AdamWConfig adam;              ///< --adam-beta1/2, --adam-eps, --weight-decay
   std::uint64_t seed = 1234;           ///< --seed (parameters and data order)
@@ -234,7 +237,10 @@ class Trainer {
              [this](const auto& part) { optimizer_.release(part); }});
   }
 
-  /// One optimizer step over the next global batch. Collective over the mesh.
+  /// One optimizer step over the next global batch. Collective over the mesh. Throws Error on
+  /// every rank when the gradient norm is not finite and TrainConfig::check_for_nan_in_loss_and_grad
+  /// is on, and after 10 loss-scaling skips in a row at the minimum scale (TrainConfig::loss_scaler);
+  /// ConfigError and the communicators' errors as they arise.
   StepResult train_step() {
     const auto t0 = std::chrono::steady_clock::now();
     trace::Span step_span("train_step", trace::Kind::Compute);
@@ -308,15 +314,14 @@ class Trainer {
         trace::Span span("clip_grad", trace::Kind::Compute);
         r.grad_norm = optimizer_.clip_grad_norm(tc_.clip_grad, mesh_->model_group(), &mesh_->expert_group());
       }
-      // The norm is all-reduced, but a fault after the data-parallel reduction (one replica's
-      // gradients) reaches only its model group's norm: decided over every rank, so that every
-      // rank throws here, or none (as the loss scaler's overflow check).
+      // clip_grad_norm's norm is the same on every rank of a model group, but a fault after the
+      // data-parallel reduction (one replica's gradients) reaches only its own group's norm at
+      // ZeRO 0: decided over the data-parallel group too, so that every rank throws here, or none.
       if (tc_.check_for_nan_in_loss_and_grad &&
-          precision::any_rank(mesh_->data_group(),
-                              precision::any_rank(mesh_->model_group(), !std::isfinite(r.grad_norm))))
+          precision::any_rank(mesh_->data_group(), !std::isfinite(r.grad_norm)))
         throw Error(dsp::detail::concat(
-            "step ", optimizer_.steps() + 1, ": the gradient norm is not finite (", r.grad_norm,
-            " on this rank's model group; a NaN or infinity in the gradients: from the data, the model, or a forward "
+            "step ", optimizer_.steps() + 1, ": the gradient norm is not finite on some rank (", r.grad_norm,
+            " on this rank; a NaN or infinity in the gradients: from the data, the model, or a forward "
             "that overflowed; without loss scaling nothing skips such a step). Stopped before the update: the "
             "parameters and optimizer state are those of step ", optimizer_.steps(),
             ". --no-check-for-nan-in-loss-and-grad turns this check off"));

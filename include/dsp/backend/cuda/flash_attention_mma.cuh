@@ -16,7 +16,7 @@
 //   and l (sum of exp(S - m)) online. Pass 2 computes S again, rounds the normalised
 //   P = exp(S - m) / l, exactly the probabilities the Host op rounds, and accumulates O += P V
 //   in register fragments (no rescaling is needed). The second S costs one more Q K^T: the
-//   forward's attention FLOPs grow by half, a whole step's by 1/6.
+//   forward's attention FLOPs grow by half, a whole step's (backward 2.5x forward) by 1/7.
 // - backward (algorithm 2, the split of the fp32 kernels: no atomics, deterministic): dQ by one
 //   block per (query tile, q head, batch) over its visible key tiles, S, dP = dO V^T,
 //   P = exp(S - lse), dS = P * (dP - D), dQ += dS K; dK and dV by one block per (key tile, kv
