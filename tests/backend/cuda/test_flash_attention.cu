@@ -49,6 +49,17 @@ std::vector<std::int32_t> consecutive_positions(const Shape& s, std::int64_t fir
   return positions;
 }
 
+/// Positions in no order within a tile (a row may see more or fewer keys than the row before
+/// it), each in [-2, kv_len + 1], from a linear congruential generator seeded with `seed`.
+std::vector<std::int32_t> shuffled_positions(const Shape& s, std::uint32_t seed) {
+  std::vector<std::int32_t> p(std::size_t(s.batch * s.q_len));
+  for (auto& x : p) {
+    seed = seed * 1664525u + 1013904223u;
+    x = std::int32_t(seed >> 8) % std::int32_t(s.kv_len + 4) - 2;
+  }
+  return p;
+}
+
 /// Same size and the same bits (unlike ==, tells -0 from 0).
 bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
@@ -192,17 +203,9 @@ TEST_CASE("flash attention at head_dim 256 with one kv head, and multi-head at 6
   // head_dim 256: the 8-column register accumulators and 96.4 / 128.5 KiB of shared memory (sm_80
   // and sm_90 allow it; a device that does not throws Error naming head_dim). Positions follow
   // no order within a tile (a row may see more or fewer keys than the row before it).
-  const auto shuffled = [](const Shape& s, std::uint32_t seed) {
-    std::vector<std::int32_t> p(std::size_t(s.batch * s.q_len));
-    for (auto& x : p) {
-      seed = seed * 1664525u + 1013904223u;
-      x = std::int32_t(seed >> 8) % std::int32_t(s.kv_len + 4) - 2;  // [-2, kv_len + 1]
-    }
-    return p;
-  };
   const Shape gqa1{1, 70, 70, 4, 1, 256}, mha{2, 40, 70, 4, 4, 64};
-  check_against_host(gqa1, shuffled(gqa1, 5));
-  check_against_host(mha, shuffled(mha, 6));
+  check_against_host(gqa1, shuffled_positions(gqa1, 5));
+  check_against_host(mha, shuffled_positions(mha, 6));
 }
 
 // In a bf16 / fp16 matmul scope (mixed-precision training opens one) the CUDA op runs its
@@ -256,13 +259,7 @@ TEST_CASE("flash attention in a bf16 / fp16 matmul scope: the tensor-core kernel
       check_against_host(wide, consecutive_positions(wide, 0), kTol16);
     else
       MESSAGE("head_dim 128: this device's shared memory per block is too small for the tensor-core backward");
-    std::vector<std::int32_t> shuffled(std::size_t(mha.batch * mha.q_len));
-    std::uint32_t seed = 9;
-    for (auto& x : shuffled) {
-      seed = seed * 1664525u + 1013904223u;
-      x = std::int32_t(seed >> 8) % std::int32_t(mha.kv_len + 4) - 2;  // [-2, kv_len + 1]
-    }
-    check_against_host(mha, shuffled, kTol16);
+    check_against_host(mha, shuffled_positions(mha, 9), kTol16);
   }
 }
 

@@ -57,8 +57,6 @@
 #include "dsp/backend/cuda/flash_attention_mma.cuh"
 #include "dsp/backend/cuda/launch.hpp"
 #include "dsp/backend/cuda/memory.hpp"
-#include "dsp/backend/matmul_precision.hpp"
-#include "dsp/core/dtype.hpp"
 
 namespace dsp::backend {
 
@@ -434,20 +432,11 @@ inline void flash_attention_forward(Cuda b, const float* q, const float* k, cons
   // kv_len == 0 still launches: every row sees no key and gets out 0, lse -inf.
   if (batch == 0 || q_len == 0 || q_heads == 0) return;
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-  if (matmul_precision() != MatmulPrecision::Fp32 && detail::flash_attention_mma_fits(head_dim)) {
-    switch (matmul_precision()) {
-      case MatmulPrecision::Bf16:
-        detail::flash_attention_forward_mma<bf16>(b, q, k, v, q_positions, batch, q_len, kv_len, q_heads, kv_heads,
-                                                  head_dim, scale, out, lse);
-        return;
-      case MatmulPrecision::Fp16:
-        detail::flash_attention_forward_mma<fp16>(b, q, k, v, q_positions, batch, q_len, kv_len, q_heads, kv_heads,
-                                                  head_dim, scale, out, lse);
-        return;
-      case MatmulPrecision::Fp32:
-        break;
-    }
-  }
+  if (detail::with_mma_type(head_dim, [&](auto type) {
+        detail::flash_attention_forward_mma<decltype(type)>(b, q, k, v, q_positions, batch, q_len, kv_len, q_heads,
+                                                            kv_heads, head_dim, scale, out, lse);
+      }))
+    return;
   const dim3 grid(static_cast<unsigned>((q_len + detail::kFlashTile - 1) / detail::kFlashTile),
                   static_cast<unsigned>(q_heads), static_cast<unsigned>(batch));
   const std::size_t bytes = detail::flash_shared_bytes(3, head_dim);
@@ -491,20 +480,12 @@ inline void flash_attention_backward(Cuda b, const float* q, const float* k, con
                                                                                            q_heads, hd, dvec.data());
     DSP_CUDA_CHECK(cudaGetLastError());
   }
-  if (matmul_precision() != MatmulPrecision::Fp32 && detail::flash_attention_mma_fits(head_dim)) {
-    switch (matmul_precision()) {
-      case MatmulPrecision::Bf16:
-        detail::flash_attention_backward_mma<bf16>(b, q, k, v, dout, lse, dvec.data(), q_positions, batch, q_len,
-                                                   kv_len, q_heads, kv_heads, head_dim, scale, dq, dk, dv);
-        return;
-      case MatmulPrecision::Fp16:
-        detail::flash_attention_backward_mma<fp16>(b, q, k, v, dout, lse, dvec.data(), q_positions, batch, q_len,
-                                                   kv_len, q_heads, kv_heads, head_dim, scale, dq, dk, dv);
-        return;
-      case MatmulPrecision::Fp32:
-        break;
-    }
-  }
+  if (detail::with_mma_type(head_dim, [&](auto type) {
+        detail::flash_attention_backward_mma<decltype(type)>(b, q, k, v, dout, lse, dvec.data(), q_positions, batch,
+                                                             q_len, kv_len, q_heads, kv_heads, head_dim, scale, dq,
+                                                             dk, dv);
+      }))
+    return;
   detail::with_flash_chunks(head_dim, [&](auto chunks) {
     constexpr int C = decltype(chunks)::value;
     // q_len == 0 (or q_heads == 0) still launches: dk and dv are overwritten with 0.

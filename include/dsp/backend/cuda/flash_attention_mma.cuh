@@ -54,6 +54,7 @@
 #include "dsp/backend/cuda/device.hpp"
 #include "dsp/backend/cuda/error.hpp"
 #include "dsp/backend/cuda/flash_attention_common.cuh"
+#include "dsp/backend/matmul_precision.hpp"
 #include "dsp/core/dtype.hpp"
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
@@ -128,6 +129,12 @@ struct MmaShared {
   __device__ std::int64_t* visible() const {
     return reinterpret_cast<std::int64_t*>(base + bytes() - kMmaStatBytes);
   }
+  /// The most keys any row of the tile sees (after its visible keys are written and synchronised).
+  __device__ std::int64_t most_visible() const {
+    std::int64_t most = 0;
+    for (int r = 0; r < kMmaTile; ++r) most = visible()[r] > most ? visible()[r] : most;
+    return most;
+  }
   __device__ float* row_lse() const { return reinterpret_cast<float*>(visible() + kMmaTile); }
   __device__ float* row_d() const { return row_lse() + kMmaTile; }
 };
@@ -141,6 +148,20 @@ inline bool flash_attention_mma_fits(std::int64_t head_dim) {
   int limit = 0;
   DSP_CUDA_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, current_device()));
   return MmaShared{MmaLayout(static_cast<int>(head_dim)), 4, 2, 2}.bytes() <= static_cast<std::size_t>(limit);
+}
+
+/// In a bf16 / fp16 matmul scope where flash_attention_mma_fits(head_dim): f(bf16{}) or
+/// f(fp16{}), returning true; otherwise false (the caller runs the fp32 kernels). Throws what f
+/// throws, and CudaError when the device query fails.
+template <class F>
+bool with_mma_type(std::int64_t head_dim, F&& f) {
+  const MatmulPrecision p = matmul_precision();
+  if (p == MatmulPrecision::Fp32 || !flash_attention_mma_fits(head_dim)) return false;
+  if (p == MatmulPrecision::Bf16)
+    f(bf16{});
+  else
+    f(fp16{});
+  return true;
 }
 
 /// Rows first .. first + 63 of a [rows, ld] fp32 matrix (columns 0 .. head_dim - 1 of `src`)
@@ -289,8 +310,7 @@ __global__ void __launch_bounds__(kMmaThreads)
   if (threadIdx.x < kMmaTile) visible[threadIdx.x] = flash_visible_keys(pos, i0 + threadIdx.x, q_len, kv_len);
   mma_load_tile<T>(qs, qb, i0, q_len, ldq, head_dim, layout);
   __syncthreads();
-  std::int64_t tile_keys = 0;  // the most keys any row of the tile sees
-  for (int r = 0; r < kMmaTile; ++r) tile_keys = visible[r] > tile_keys ? visible[r] : tile_keys;
+  const std::int64_t tile_keys = sh.most_visible();
   const std::int64_t row_visible = visible[warp * kMmaEdge + row];
   const std::uint16_t* qw = qs + warp * kMmaEdge * layout.ldh;
 
@@ -371,11 +391,9 @@ __global__ void __launch_bounds__(kMmaThreads)
   mma_load_tile<T>(qs, q + qoff, i0, q_len, ldq, head_dim, layout);
   mma_load_tile<T>(dos, dout + qoff, i0, q_len, ldq, head_dim, layout);
   __syncthreads();
-  const std::int64_t* visible = sh.visible();
-  std::int64_t tile_keys = 0;
-  for (int r = 0; r < kMmaTile; ++r) tile_keys = visible[r] > tile_keys ? visible[r] : tile_keys;
+  const std::int64_t tile_keys = sh.most_visible();
   const int r_tile = warp * kMmaEdge + row;
-  const std::int64_t rv = visible[r_tile];
+  const std::int64_t rv = sh.visible()[r_tile];
   const float rl = sh.row_lse()[r_tile], rd = sh.row_d()[r_tile];
 
   wmma::fragment<wmma::accumulator, kMmaEdge, kMmaEdge, kMmaEdge, float> acc[Frags];
@@ -452,11 +470,9 @@ __global__ void __launch_bounds__(kMmaThreads)
       __syncthreads();  // every warp is done with the previous query tile's rows and statistics
       mma_load_stats(sh, pos, lse, dvec, b, h, i0, q_len, kv_len, q_heads);
       __syncthreads();
-      std::int64_t most = 0;
-      for (int r = 0; r < kMmaTile; ++r) most = visible[r] > most ? visible[r] : most;
       // Every thread reads the same maximum: the skip is uniform over the block, so the
       // __syncthreads are reached by all threads or none.
-      if (most <= j0) continue;  // no row of this tile sees key j0
+      if (sh.most_visible() <= j0) continue;  // no row of this tile sees key j0
       mma_load_tile<T>(qs, q + qoff, i0, q_len, ldq, head_dim, layout);
       mma_load_tile<T>(dos, dout + qoff, i0, q_len, ldq, head_dim, layout);
       __syncthreads();  // the Q and dO tiles (and, the first time, K and V) are in place
