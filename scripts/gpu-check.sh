@@ -1,14 +1,26 @@
 #!/usr/bin/env bash
 # One GPU check: builds the CUDA backend for this GPU, runs the GPU tests (which must run, not
 # skip), then benchmarks, and writes everything to one results file (default gpu-check.md, or
-# the first argument). Target: under 8 minutes on one H200.
+# the first argument) and its logs to a folder beside it (gpu-check-logs/: build.log, ctest.log,
+# bench.log). Target: under 8 minutes on one H200.
 #
 #   bash scripts/gpu-check.sh [results.md]
+#   DSP_GPU_CHECK_BUDGET_S=510 bash scripts/gpu-check.sh $OUT/gpu-check.md   # a lent GPU, 540 s call
+#
+# The results file may be all that comes back from a lent GPU, so it is written from the first
+# second on: its header, a line as each phase starts (the last one says where a killed run was),
+# each section as soon as its phase ends, and why the run stopped (a failed preflight, configure
+# or build puts the reason and the log's tail there). Every phase after the build runs under a
+# time limit cut from the budget, DSP_GPU_CHECK_BUDGET_S seconds (default 510, for a 540 s call),
+# so the script ends on its own and writes its last lines before an outer limit kills it. A phase
+# that fails or times out is reported and the next one runs. Order: GPU tests, bf16 GEMM,
+# attention, the training steps (bf16 with the flash kernels first: the MFU figure), then, where
+# tests failed with a CUDA fault, up to two of them again under compute-sanitizer.
 #
 # Needs what scripts/setup.sh installs (cmake, OpenBLAS, doctest, Google Benchmark, nlohmann-json,
-# zlib) plus the CUDA toolkit and a driver; it installs nothing itself, because the GPU machine
-# may have no network. Builds only for the GPU it finds (its compute capability), in
-# build/gpu-check.
+# zlib, CLI11) plus the CUDA toolkit and a driver; it installs nothing itself, because the GPU
+# machine may have no network: there, carry .gpu-deps made here by scripts/gpu-deps.sh. Builds only
+# for the GPU it finds (its compute capability), in build/gpu-check, with Ninja when present.
 #
 # What it measures:
 #   - bf16 GEMM TFLOP/s at a transformer layer's shapes, dsp's gemm against the bare cuBLAS call
@@ -22,10 +34,68 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-gpu-check.md}
+logs=${out%.md}-logs
 build=build/gpu-check
+budget=${DSP_GPU_CHECK_BUDGET_S:-510}
 start=$SECONDS
+phase=start
+mkdir -p "$(dirname "$out")" "$logs"
 
-# Preflight: everything the build needs, named when missing (no network on the GPU machine).
+say() { printf '%s\n' "$@" >> "$out"; }              # lines into the results file
+left() { echo $((budget - (SECONDS - start))); }    # seconds of the budget left
+# share MAX PERCENT: a phase's time limit, min(MAX, PERCENT % of what is left), so that every
+# later phase still gets some when an earlier one runs out its time
+share() { local l=$(($(left) * $2 / 100)); ((l < $1)) || l=$1; echo $((l > 0 ? l : 0)); }
+phase() {                                          # phase NAME: announced on the console and in the file
+  phase=$1
+  echo "=== gpu-check: $1 (at $((SECONDS - start)) s)"
+  say "" "_[$((SECONDS - start)) s] $1_"
+}
+stop() {  # stop WHY: the run ends here, failed
+  say "" "**gpu-check stopped during '$phase' after $((SECONDS - start)) s: $1**"
+  echo "gpu-check: $1" >&2
+  phase=done
+  exit 1
+}
+on_exit() {
+  local rc=$?
+  [[ $phase == done ]] && return
+  say "" "**gpu-check ended during '$phase' after $((SECONDS - start)) s (exit status $rc).**"
+}
+child=
+trap on_exit EXIT
+# Stopped from outside: end the running command too (timeout passes the signal on to its process
+# group), then on_exit says where the run was.
+trap '[[ -z $child ]] || kill -TERM "$child" 2> /dev/null; exit 143' TERM HUP INT
+# timeout_run SECONDS LOG COMMAND...: COMMAND's output to the console and appended to LOG, killed
+# (its whole process group) at the limit; returns COMMAND's status, 124 on timeout (at once when
+# SECONDS is below 1: timeout 0 would mean no limit). It runs in the background and is waited
+# for, so that a TERM reaches the trap above at once instead of after COMMAND.
+timeout_run() {
+  local seconds=$1 log=$2 rc=0
+  shift 2
+  ((seconds >= 1)) || { echo "gpu-check: no time left for $1" | tee -a "$log"; return 124; }
+  timeout --kill-after=10 "$seconds" "$@" > >(tee -a "$log") 2>&1 &
+  child=$!
+  wait "$child" || rc=$?
+  child=
+  return "$rc"
+}
+
+{
+  echo "# dsp GPU check ($(date -u +%Y-%m-%dT%H:%MZ), commit $(git rev-parse --short HEAD 2> /dev/null || echo unknown))"
+  echo
+  echo "Budget $budget s. Logs: $logs/."
+  echo
+  echo '```'
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv 2>&1 ||
+    echo "nvidia-smi failed"
+  nvcc --version 2> /dev/null | tail -1 || echo "nvcc not on PATH"
+  echo "$(nproc) CPU cores"
+  echo '```'
+} > "$out" 2>&1
+
+phase "preflight"
 if ! command -v nvcc > /dev/null && [[ -x /usr/local/cuda/bin/nvcc ]]; then
   export PATH=/usr/local/cuda/bin:$PATH
 fi
@@ -38,7 +108,7 @@ if [[ -d .gpu-deps/root/usr ]]; then
   export LIBRARY_PATH=$arch_lib:$arch_lib/openblas-pthread${LIBRARY_PATH:+:$LIBRARY_PATH}
   export LD_LIBRARY_PATH=$arch_lib:$arch_lib/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   cmake_deps=(-DCMAKE_PREFIX_PATH="$deps" -DBLAS_LIBRARIES="$arch_lib/openblas-pthread/libopenblas.so")
-  echo "=== gpu-check: using the carried libraries in $deps"
+  say "Using the carried libraries in .gpu-deps."
 fi
 # NCCL from PyTorch's wheel (nvidia-nccl-cu13) where the toolkit has none beside it.
 if [[ ! -e /usr/local/cuda/include/nccl.h ]]; then
@@ -46,165 +116,137 @@ if [[ ! -e /usr/local/cuda/include/nccl.h ]]; then
   if [[ -n $nccl && -e $nccl/include/nccl.h && -e $nccl/lib/libnccl.so.2 ]]; then
     cmake_deps+=(-DDSP_NCCL_INCLUDE_DIR="$nccl/include" -DDSP_NCCL_LIBRARY="$nccl/lib/libnccl.so.2")
     export LD_LIBRARY_PATH=$nccl/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-    echo "=== gpu-check: using NCCL from $nccl"
+    say "Using NCCL from $nccl."
   fi
 fi
 missing=()
-for tool in nvidia-smi nvcc cmake python3 c++; do
+for tool in nvidia-smi nvcc cmake python3 c++ timeout; do
   command -v "$tool" > /dev/null || missing+=("$tool")
 done
 for header in cblas.h doctest/doctest.h benchmark/benchmark.h nlohmann/json.hpp zlib.h CLI/CLI.hpp; do
   printf '#include <%s>\n' "$header" | c++ -E -x c++ - > /dev/null 2>&1 || missing+=("$header")
 done
 if ((${#missing[@]})); then
-  echo "gpu-check: missing here: ${missing[*]} (scripts/setup.sh installs the libraries from Debian;" \
-    "where there is no network, carry .gpu-deps made by scripts/gpu-deps.sh)" >&2
-  exit 1
+  stop "missing here: ${missing[*]} (scripts/setup.sh installs the libraries from Debian; where there is no network, carry .gpu-deps made by scripts/gpu-deps.sh)"
 fi
-cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d '. ')
-[[ $cc =~ ^[0-9]+$ ]] || { echo "gpu-check: cannot read the GPU's compute capability (got '$cc')" >&2; exit 1; }
+cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>&1 | head -1 | tr -d '. ') || true
+[[ $cc =~ ^[0-9]+$ ]] || stop "cannot read the GPU's compute capability (nvidia-smi said '$cc')"
 
-{
-  echo "# dsp GPU check ($(date -u +%Y-%m-%dT%H:%MZ), commit $(git rev-parse --short HEAD 2> /dev/null || echo unknown))"
-  echo
-  echo '```'
-  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv
-  nvcc --version | tail -1
-  echo '```'
-} > "$out"
-
-echo "=== gpu-check: configure and build for sm_$cc"
+generator=(-G "Unix Makefiles")
+command -v ninja > /dev/null && generator=(-G Ninja)
+phase "configure and build for sm_$cc (${generator[1]}, $(nproc) jobs)"
+# A build folder left by another generator (a warm machine) cannot be reconfigured: start anew.
+if [[ -f $build/CMakeCache.txt ]] && ! grep -qx "CMAKE_GENERATOR:INTERNAL=${generator[1]}" "$build/CMakeCache.txt"; then
+  rm -rf "$build"
+fi
 mkdir -p "$build"
-cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DDSP_ENABLE_CUDA=ON -DDSP_ENABLE_MPI=OFF \
-  -DCMAKE_CUDA_ARCHITECTURES="$cc" "${cmake_deps[@]}" > "$build/configure.log" 2>&1 ||
-  { cat "$build/configure.log"; exit 1; }
-cmake --build "$build" -j"$(nproc)" --target dsp_cuda_tests bench_gemm_cuda bench_attention_cuda \
-  bench_train_step_cuda
+if ! cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DDSP_ENABLE_CUDA=ON \
+  -DDSP_ENABLE_MPI=OFF -DCMAKE_CUDA_ARCHITECTURES="$cc" "${cmake_deps[@]}" > "$logs/build.log" 2>&1; then
+  say '```' "$(tail -40 "$logs/build.log")" '```'
+  stop "configure failed (the log's tail is above; all of it in $logs/build.log)"
+fi
+# The test binary and the three benchmarks in one build, so the longest translation units overlap.
+if ! timeout_run $(($(left) - 120)) "$logs/build.log" cmake --build "$build" -j"$(nproc)" \
+  --target dsp_cuda_tests bench_gemm_cuda bench_attention_cuda bench_train_step_cuda; then
+  say '```' "$(grep -E 'error|Error|FAILED' "$logs/build.log" | head -30)" '---' "$(tail -20 "$logs/build.log")" '```'
+  stop "the build failed or ran out of time (errors and the log's tail above; all of it in $logs/build.log)"
+fi
+say "" "Built by $((SECONDS - start)) s."
 
-echo "=== gpu-check: GPU tests"
-ctest_log=$(mktemp)
-set +e
-gpus=$(nvidia-smi -L | grep -c '^GPU')
+phase "GPU tests"
+gpus=$(nvidia-smi -L | grep -c '^GPU' || true)
 exclude=()
 ((gpus >= 2)) || exclude=(-E multi_gpu)  # the tests that need two GPUs skip themselves on one
-ctest --test-dir "$build" -L gpu "${exclude[@]}" --output-on-failure --no-tests=error --timeout 300 2>&1 |
-  tee "$ctest_log"
-ctest_rc=${PIPESTATUS[0]}
-set -e
+test_limit=$(share 200 50)
+ctest_rc=0
+timeout_run "$test_limit" "$logs/ctest.log" ctest --test-dir "$build" -L gpu "${exclude[@]}" \
+  --output-on-failure --no-tests=error || ctest_rc=$?
 {
   echo
   echo "## GPU tests (ctest -L gpu ${exclude[*]}; $gpus GPU(s))"
   echo
   echo '```'
-  grep -E 'tests passed|tests failed|Skipped|Failed|\*\*\*' "$ctest_log" || true
+  grep -E 'tests passed|tests failed|Skipped|Failed|\*\*\*' "$logs/ctest.log" || true
+  if ((ctest_rc == 124)); then
+    echo "ctest timed out after $test_limit s, during: $(grep -oE 'Start +[0-9]+: [^ ]+' "$logs/ctest.log" | tail -1)"
+  fi
   echo '```'
 } >> "$out"
-# Here a skipped GPU test is a failure: it means the test binary saw no device. The benchmark
-# still runs (device time is scarce; its `wrong` column checks its own results).
+# Here a skipped GPU test is a failure: it means the test binary saw no device. The benchmarks
+# still run (device time is scarce; their `wrong` columns check their own results).
 tests_ok=1
-if [[ $ctest_rc -ne 0 ]] || grep -q 'Skipped' "$ctest_log"; then
+faulted=()
+if ((ctest_rc != 0)) || grep -q 'Skipped' "$logs/ctest.log"; then
   tests_ok=0
-  echo "gpu-check: GPU tests failed or skipped (see above); going on to the benchmark" >&2
-  # What failed goes into the results file too: it may be all that comes back from the GPU
-  # machine. A CUDA test that crashed (or any failed one, when the log shows a CUDA error) is
-  # rerun once under compute-sanitizer where the toolkit has it, which names the kernel, the
-  # thread and the bad address (a plain numerical failure is not: device time is scarce).
+  echo "gpu-check: GPU tests failed or skipped (see above); going on to the benchmarks" >&2
+  # What failed, with its doctest and CUDA error lines. A CUDA test that crashed (or any failed
+  # one, when the log shows a CUDA error) is rerun at the end under compute-sanitizer, which names
+  # the kernel, the thread and the bad address (a plain numerical failure is not).
   failed=$(grep -E '^[[:space:]]*[0-9]+ - [^ ]+ \((Failed|SEGFAULT|Subprocess aborted|Exception|Timeout|Child aborted|ILLEGAL|OTHER_FAULT|NUMERICAL|INTERRUPT)' \
-    "$ctest_log" | sed -E 's/^[[:space:]]*[0-9]+ - ([^ ]+) .*/\1/' | sort -u || true)
-  faulted=()
+    "$logs/ctest.log" | sed -E 's/^[[:space:]]*[0-9]+ - ([^ ]+) .*/\1/' | sort -u || true)
   for name in $failed; do
     [[ -e tests/$name.cu ]] || continue
-    if grep -qE "^[[:space:]]*[0-9]+ - $name \((SEGFAULT|Subprocess aborted|Child aborted|ILLEGAL|OTHER_FAULT)" "$ctest_log" ||
-      grep -qiE 'CudaError|illegal memory|misaligned|unspecified launch failure' "$ctest_log"; then
+    if grep -qE "^[[:space:]]*[0-9]+ - $name \((SEGFAULT|Subprocess aborted|Child aborted|ILLEGAL|OTHER_FAULT)" "$logs/ctest.log" ||
+      grep -qiE 'CudaError|illegal memory|misaligned|unspecified launch failure' "$logs/ctest.log"; then
       faulted+=("$name")
     fi
   done
-  sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2> /dev/null || true)
-  {
-    echo
-    echo "### What failed (doctest and CUDA error lines)"
-    echo
-    echo '```'
-    grep -E 'ERROR|FATAL|values:|logged:|CudaError|CUDA error|error:' "$ctest_log" | head -80 || true
-    echo '```'
-    for name in "${faulted[@]:0:2}"; do  # at most two
-      [[ -n $sanitizer ]] || break
-      echo
-      echo "### compute-sanitizer memcheck: $name"
-      echo
-      echo '```'
-      timeout 90 "$sanitizer" --tool memcheck --print-limit 8 "$build/tests/dsp_cuda_tests" \
-        --source-file="*/$name.cu" --no-version 2>&1 | tail -60 || true
-      echo '```'
-    done
-  } >> "$out"
+  errors=$(grep -E 'ERROR|FATAL|values:|logged:|CudaError|CUDA error|error:' "$logs/ctest.log" | head -80 || true)
+  [[ -z $errors ]] || say "" "### What failed (doctest and CUDA error lines)" "" '```' "$errors" '```'
 fi
 
-echo "=== gpu-check: bf16 GEMM"
-"$build/benchmarks/bench_gemm_cuda" --benchmark_min_time=0.2 --benchmark_out="$build/gemm.json" \
-  --benchmark_out_format=json
-python3 - "$build/gemm.json" >> "$out" << 'PY'
-import json, sys
-rows = {}
-for b in json.load(open(sys.argv[1]))["benchmarks"]:
-    _, shape, impl = b["name"].split("/")[:3]
-    rows.setdefault(shape, {})[impl] = b
-print("\n## bf16 GEMM (bench_gemm_cuda, TFLOP/s = 2mnk / time / 1e12)\n")
-print("| shape | dsp TFLOP/s | cuBLAS TFLOP/s | dsp / cuBLAS | wrong |")
-print("| --- | ---: | ---: | ---: | ---: |")
-for shape, r in rows.items():
-    d, c = r.get("dsp", {}), r.get("cublas", {})
-    errors = sorted({x["error_message"] for x in (d, c) if x.get("error_occurred")})
-    if errors or "TFLOPs" not in d or "TFLOPs" not in c:
-        print(f"| {shape} | error: {'; '.join(errors) or 'missing result'} | | | |")
-        continue
-    print(f"| {shape} | {d['TFLOPs']:.0f} | {c['TFLOPs']:.0f} | {d['TFLOPs'] / c['TFLOPs']:.3f} | "
-          f"{int(d['wrong'] + c['wrong'])} |")
-PY
+# bench NAME MAX PERCENT BINARY ARGS...: one benchmark run under $(share MAX PERCENT) seconds,
+# console to bench.log, JSON to $build/NAME.json, its table (scripts/gpu_check_tables.py) to the
+# results file; a failure or timeout is reported there and the script goes on.
+bench() {
+  local name=$1 seconds
+  seconds=$(share "$2" "$3")
+  shift 3
+  rm -f "$build/$name.json"
+  if ((seconds < 15)); then
+    say "" "$name: not run, $(left) s of the budget left."
+    return 0
+  fi
+  echo "=== $name (limit $seconds s)" >> "$logs/bench.log"
+  local rc=0
+  timeout_run "$seconds" "$logs/bench.log" "$@" --benchmark_out="$build/$name.json" \
+    --benchmark_out_format=json || rc=$?
+  ((rc == 0)) || say "" "$name exited with status $rc$( ((rc == 124)) && echo ", timed out after $seconds s")."
+}
 
-echo "=== gpu-check: attention"
-"$build/benchmarks/bench_attention_cuda" --benchmark_min_time=0.2 --benchmark_out="$build/attention.json" \
-  --benchmark_out_format=json || true
-python3 - "$build/attention.json" >> "$out" << 'PY'
-import json, sys
-print("\n## causal attention, fp32 and bf16 scope, batch 2, 12 heads, head_dim 128 (bench_attention_cuda; see its header)\n")
-try:
-    runs = json.load(open(sys.argv[1]))["benchmarks"]
-except (OSError, ValueError) as e:
-    runs = []
-    print(f"no result: {e}")
-print("| case | ms | TFLOP/s | max rel diff vs the other impl | held for backward MB |")
-print("| --- | ---: | ---: | ---: | ---: |")
-for b in runs:
-    if b.get("error_occurred"):
-        print(f"| {b['name']} | error: {b['error_message']} | | | |")
-        continue
-    print(f"| {b['name']} | {b['real_time']:.2f} | {b['TFLOPs']:.1f} | {b['max_rel_diff']:.1e} | {b['held_MB']:.2f} |")
-PY
+phase "bf16 GEMM"
+bench gemm 60 20 "$build/benchmarks/bench_gemm_cuda" --benchmark_min_time=0.2
+python3 scripts/gpu_check_tables.py gemm "$build/gemm.json" >> "$out" || true
 
-echo "=== gpu-check: training steps (fp32, bf16 mixed precision)"
-"$build/benchmarks/bench_train_step_cuda" --benchmark_out="$build/train.json" --benchmark_out_format=json || true
-python3 - "$build/train.json" >> "$out" << 'PY'
-import json, sys
-print("\n## training step, 0.78B model, one GPU, fp32 and bf16 mixed precision (bench_train_step_cuda; see its header)\n")
-try:
-    runs = json.load(open(sys.argv[1]))["benchmarks"]
-except (OSError, ValueError) as e:
-    runs = []
-    print(f"no result: {e}")
-print("| case | ms/step | tokens/s | TFLOP/s | MFU vs fp32 peak | MFU vs bf16 peak | peak GB | ledger GB |")
-print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-for b in runs:
-    if b.get("error_occurred"):
-        print(f"| {b['name']} | error: {b['error_message']} | | | | | | |")
-        continue
-    print(f"| {b['name']} | {b['real_time']:.0f} | {b['tokens/s']:.0f} | {b['TFLOPs']:.1f} | {b['MFU_fp32']:.3f} | "
-          f"{b['MFU_bf16']:.3f} | {b['peak_GB']:.2f} | {b['ledger_GB']:.2f} |")
-PY
+phase "attention"
+bench attention 70 25 "$build/benchmarks/bench_attention_cuda" --benchmark_min_time=0.2
+python3 scripts/gpu_check_tables.py attention "$build/attention.json" >> "$out" || true
 
-{
-  echo
-  echo "gpu-check took $((SECONDS - start)) s."
-} >> "$out"
+# One process a case, the figure the issue's MFU goal is about first, so that a slow or hung
+# case costs only itself.
+phase "training steps (bf16_flash, bf16, fp32_flash, fp32)"
+train_json=()
+for case in bf16_flash:50 bf16:50 fp32_flash:60 fp32:90; do  # case:percent of what is left
+  bench "train_${case%:*}" 100 "${case#*:}" "$build/benchmarks/bench_train_step_cuda" --benchmark_filter="/${case%:*}/"
+  train_json+=("$build/train_${case%:*}.json")
+done
+python3 scripts/gpu_check_tables.py train "${train_json[@]}" >> "$out" || true
+
+sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2> /dev/null || true)
+if ((${#faulted[@]})) && [[ -n $sanitizer ]]; then
+  phase "compute-sanitizer memcheck of the CUDA tests that faulted"
+  for name in "${faulted[@]:0:2}"; do  # at most two
+    seconds=$(share 90 95)
+    ((seconds >= 15)) || { say "" "$name: no sanitizer run, $(left) s of the budget left."; break; }
+    log=$build/sanitizer-${name//\//_}.log
+    rm -f "$log"
+    timeout_run "$seconds" "$log" "$sanitizer" --tool memcheck --print-limit 8 \
+      "$build/tests/dsp_cuda_tests" --source-file="*/$name.cu" --no-version || true
+    say "" "### compute-sanitizer memcheck: $name" "" '```' "$(tail -60 "$log")" '```'
+  done
+fi
+
+phase=done
+say "" "gpu-check took $((SECONDS - start)) s."
 echo "=== gpu-check: done in $((SECONDS - start)) s; results in $out"
 ((tests_ok)) || { echo "gpu-check: FAILED: GPU tests failed or skipped" >&2; exit 1; }
