@@ -3,8 +3,10 @@
 // policy the samples run with.
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -20,7 +22,23 @@ namespace samples {
 
 using HostPolicy = dsp::Policy<dsp::backend::Host, dsp::comm::ThreadComm>;
 
-std::vector<std::string> with_config_file(int argc, char** argv);
+std::vector<std::string> with_config_file(int argc, char** argv, const CLI::App& app);
+
+/// A CLI11 check that a numeric option is at least `min`: "--log-interval: must be >= 1, got 0"
+/// (CLI11's own Range prints the type's whole range). A value that does not parse is left to
+/// CLI11's conversion error.
+inline CLI::Validator at_least(double min) {
+  std::ostringstream bound;
+  bound << ">= " << min;
+  return CLI::Validator(
+      [min, bound = bound.str()](std::string& input) -> std::string {
+        char* end = nullptr;
+        const double value = std::strtod(input.c_str(), &end);
+        if (end == input.c_str() || *end != '\0' || value >= min) return {};  // NaN is not >= min
+        return "must be " + bound + ", got " + input;
+      },
+      bound.str());
+}
 
 /// Parses the command line (with --config FILE merged in, see with_config_file) and runs body;
 /// a dsp or standard error becomes "error: <message>" on stderr and exit code 1, a
@@ -32,7 +50,7 @@ int run_main(CLI::App& app, int argc, char** argv, Body body) {
     app.add_option("--config", config_path, "JSON file of flag values (flags on the command line win)");
     for (CLI::Option* opt : app.get_options(std::function<bool(CLI::Option*)>{}))  // a flag after the config file's value wins
       if (opt->get_expected_max() <= 1) opt->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-    auto args = with_config_file(argc, argv);
+    auto args = with_config_file(argc, argv, app);
     std::reverse(args.begin(), args.end());  // CLI11 takes the vector form in reverse order
     app.parse(args);
     body();
@@ -48,8 +66,9 @@ int run_main(CLI::App& app, int argc, char** argv, Body body) {
 /// Turns a JSON config file ({"tensor-model-parallel-size": 2, "lr": 1e-3, "untie-embeddings-
 /// and-output-weights": true, ...}; keys are the flags' long names, '_' accepted for '-')
 /// into command-line arguments placed before the real ones, so flags override the file.
-/// Throws dsp::InputError for a missing or malformed file.
-inline std::vector<std::string> with_config_file(int argc, char** argv) {
+/// Throws dsp::InputError for a missing or malformed file, and for a key that is not one of
+/// app's flags (naming the file and the key).
+inline std::vector<std::string> with_config_file(int argc, char** argv, const CLI::App& app) {
   std::vector<std::string> args(argv + 1, argv + argc);
   std::string path;
   for (std::size_t i = 0; i + 1 < args.size(); ++i)
@@ -70,6 +89,8 @@ inline std::vector<std::string> with_config_file(int argc, char** argv) {
   for (const auto& [key, value] : j.items()) {
     std::string flag = "--" + key;
     std::replace(flag.begin(), flag.end(), '_', '-');
+    DSP_CHECK_AS(dsp::InputError, app.get_option_no_throw(flag) != nullptr, "config file '", path, "': ", flag,
+                 " is not a flag of this program (see --help)");
     if (value.is_boolean()) {
       if (value.get<bool>()) from_file.push_back(flag);
     } else {

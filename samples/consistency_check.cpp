@@ -109,7 +109,7 @@ int main(int argc, char** argv) {
   int tp = 1;
   double tolerance = 1e-4;
   app.add_option("--load", load, "checkpoint directory to serve")->required();
-  app.add_option("--tensor-model-parallel-size", tp, "serving TP size")->required();
+  app.add_option("--tensor-model-parallel-size", tp, "serving TP size")->required()->check(samples::at_least(1));
   app.add_option("--reference", reference, "reference checkpoint (default: the one --load was resharded from, else --load at its saved layout)");
   app.add_option("--prompts-file", prompts_file, "one prompt per line (default: 9 built-in prompts)");
   app.add_option("--tolerance", tolerance, "exit 1 when max |logit diff| exceeds this");

@@ -19,7 +19,8 @@ int main(int argc, char** argv) {
   dsp::serve::SamplingParams sampling;
   app.add_option("--load", load, "checkpoint directory")->required();
   app.add_option("--tensor-model-parallel-size", tp,
-                 "serving TP size (default: the checkpoint's); serving runs one pipeline stage");
+                 "serving TP size (default: the checkpoint's); serving runs one pipeline stage")
+      ->check(samples::at_least(1));
   auto* p = app.add_option("--prompt", prompts, "prompt text (repeatable; \\n is a newline)");
   app.add_option("--prompts-file", prompts_file, "one prompt per line")->excludes(p);
   app.add_option("--max-new-tokens", max_new_tokens, "tokens to generate per prompt");

@@ -87,7 +87,8 @@ class ModelFlags {
       DSP_CHECK_AS(dsp::ConfigError, app.count("--num-shared-experts") == 0,
                    "give --moe-shared-expert-intermediate-size or --num-shared-experts, not both");
       m.num_shared_experts =
-          dsp::divide(shared_expert_intermediate_size_, m.moe_ffn_hidden_size, "--moe-shared-expert-intermediate-size");
+          dsp::divide(shared_expert_intermediate_size_, m.moe_ffn_hidden_size, "--moe-shared-expert-intermediate-size",
+                      "--moe-ffn-hidden-size");
     }
     return m;
   }

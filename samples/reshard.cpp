@@ -17,9 +17,10 @@ int main(int argc, char** argv) {
   bool merge = false;
   app.add_option("--load", load, "source checkpoint directory")->required();
   app.add_option("--save", save, "destination directory (replaced atomically)")->required();
-  app.add_option("--tensor-model-parallel-size", tp, "target tensor-parallel size");
+  app.add_option("--tensor-model-parallel-size", tp, "target tensor-parallel size")->check(samples::at_least(1));
   app.add_option("--pipeline-model-parallel-size", pp, "target pipeline size: 1 (the default) only");
-  app.add_option("--data-parallel-size", dp, "target data-parallel size (default 1: serving)");
+  app.add_option("--data-parallel-size", dp, "target data-parallel size (default 1: serving)")
+      ->check(samples::at_least(1));
   app.add_flag("--merge", merge, "write one model.safetensors + config.json with Hugging Face names instead");
   return samples::run_main(app, argc, argv, [&] {
     if (merge) {

@@ -58,7 +58,8 @@ struct Options {
 };
 
 void add_flags(CLI::App& app, Options& o) {
-  app.add_option("--world-size", o.world_size, "ranks (threads; under mpiexec the MPI size, which it must equal); data-parallel size = world / (TP x PP)");
+  app.add_option("--world-size", o.world_size, "ranks (threads; under mpiexec the MPI size, which it must equal); data-parallel size = world / (TP x PP)")
+      ->check(samples::at_least(1));
   app.add_option("--tensor-model-parallel-size", o.tensor_parallel, "tensor-parallel size");
   app.add_option("--pipeline-model-parallel-size", o.pipeline_parallel, "pipeline stages");
   app.add_option("--pipeline-schedule", o.train.pipeline.schedule,
@@ -120,12 +121,16 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--zero-stage", o.train.zero_stage,
                  "ZeRO stage: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters partitioned over data parallelism "
                  "(routed experts over expert data parallelism); the same training at every stage");
-  app.add_option("--eval-interval", o.eval_interval, "evaluate every N steps (0: only at the end)");
+  app.add_option("--eval-interval", o.eval_interval, "evaluate every N steps (0: only at the end)")
+      ->check(samples::at_least(0));
   app.add_option("--eval-iters", o.train.eval_iters, "validation global batches per evaluation");
-  app.add_option("--log-interval", o.log_interval, "log line every N steps when not on a terminal");
+  app.add_option("--log-interval", o.log_interval, "log line every N steps when not on a terminal")
+      ->check(samples::at_least(1));
   app.add_option("--save", o.save, "checkpoint directory to write");
-  app.add_option("--save-interval", o.save_interval, "save every N steps (0: only at the end)");
-  app.add_option("--exit-interval", o.exit_interval, "stop (after saving) at the first step divisible by N");
+  app.add_option("--save-interval", o.save_interval, "save every N steps (0: only at the end)")
+      ->check(samples::at_least(0));
+  app.add_option("--exit-interval", o.exit_interval, "stop (after saving) at the first step divisible by N")
+      ->check(samples::at_least(0));
   app.add_option("--load", o.load, "checkpoint directory to resume from");
   app.add_option("--data-path", o.data_path, "text file; bytes are tokens, the last 10% is validation")->required();
   app.add_option("--metrics-file", o.metrics_file, "JSON lines: step, loss, val_loss, lr, grad_norm, tokens_per_s, mfu, step_time_s, bubble_fraction, peak_activation_bytes, memory (rank 0's live bytes at the step's end by category: parameters, gradients, optimizer_state, activations, communication, workspace, total; and their peaks over the step: peak_<category>, peak_total), moe (per MoE layer: tokens_per_expert, max_over_mean_load, dropped, aux_loss), loss_scale and skipped (with --initial-loss-scale) (global rank 0)");
@@ -226,6 +231,11 @@ void train(Options& o) {
                     static_cast<long long>(trainer.sampler().accumulation_steps()),
                     static_cast<long long>(o.train.micro_batch_size), o.peak_flops / 1e9);
         if (o.print_schedule) std::printf("%s", dsp::pp::to_table(trainer.engine().schedule()).c_str());
+        if (trainer.iteration() >= o.train.train_iters)
+          std::printf("dsp-train: the checkpoint in %s is at iteration %lld, not below --train-iters %lld: nothing to "
+                      "train\n",
+                      o.load.c_str(), static_cast<long long>(trainer.iteration()),
+                      static_cast<long long>(o.train.train_iters));
         if (!o.metrics_file.empty()) {
           metrics.emplace(o.metrics_file, trainer.iteration() > 0 ? std::ios::app : std::ios::trunc);
           DSP_CHECK_AS(dsp::InputError, metrics->good(), "cannot write metrics file '", o.metrics_file, "'");

@@ -52,7 +52,7 @@ TEST_CASE("reshard to a TP the model cannot be split into fails before writing a
   save_all(tmp / "tp2", states_of(make_tp_states(specs, fake_globals(specs), 2)), fake_meta(2));
   const auto msg = message_of<dsp::ConfigError>([&] { reshard(tmp / "tp2", tmp / "tp3", 3, 1); });
   CHECK_MESSAGE(msg.find("to TP 3: tensor " + qkv_name +
-                         ": number of attention heads (4) is not divisible by 3") != std::string::npos,
+                         ": number of attention heads (4) is not divisible by tensor-model-parallel-size (3)") != std::string::npos,
                 msg);
   CHECK_THROWS_AS(reshard(tmp / "tp2", tmp / "dp0", 2, 0), dsp::ConfigError);
   CHECK(tmp.names() == std::vector<std::string>{"tp2"});

@@ -157,6 +157,12 @@ TEST_CASE("truncated, corrupted and missing files are detected before any data i
     const auto msg = message_of<CheckpointError>([&] { load_global(dir); });
     CHECK_MESSAGE(msg.find("not a dsp-checkpoint manifest") != std::string::npos, msg);
   }
+  SUBCASE("truncated manifest") {
+    save_all(dir, states_of(ranks), fake_meta(2));
+    write_text(dir / "manifest.json", R"({"format": "dsp-checkpoint", "vers)");
+    CHECK(message_of<CheckpointError>([&] { load_global(dir); }) ==
+          (dir / "manifest.json").string() + ": not valid JSON (truncated?)");
+  }
   CHECK(all_zero(target));
 }
 
@@ -194,7 +200,7 @@ TEST_CASE("loading into a different model names the tensors and both shapes") {
   SUBCASE("a TP size the model cannot be split into") {
     RankState target = make_rank_state(specs, nullptr, 2, 0);
     const auto msg = message_of<ConfigError>([&] { load_into(dir, target.state, 3, 0); });
-    CHECK_MESSAGE(msg.find("(4) is not divisible by 3") != std::string::npos, msg);
+    CHECK_MESSAGE(msg.find("(4) is not divisible by tensor-model-parallel-size (3)") != std::string::npos, msg);
   }
 }
 

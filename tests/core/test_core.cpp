@@ -144,6 +144,10 @@ TEST_CASE("Tensor shapes, reshape and divide name the numbers") {
   CHECK_THROWS_WITH_AS(dsp::Tensor({2, 2}, {1.0f, 2.0f}), "Tensor: 2 values do not fill shape [2, 2]", dsp::Error);
   CHECK(dsp::divide(12, 4) == 3);
   CHECK_THROWS_WITH_AS(dsp::divide(10, 4, "hidden size"), "hidden size (10) is not divisible by 4", dsp::ConfigError);
+  CHECK_THROWS_WITH_AS(dsp::divide(10, 4, "hidden size", "tensor-model-parallel-size"),
+                       "hidden size (10) is not divisible by tensor-model-parallel-size (4)", dsp::ConfigError);
+  CHECK_THROWS_WITH_AS(dsp::divide(10, 0, "hidden size", "tensor-model-parallel-size"),
+                       "tensor-model-parallel-size must be positive, got 0", dsp::ConfigError);
 }
 
 }  // namespace core_core_test

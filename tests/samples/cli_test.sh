@@ -21,7 +21,8 @@
 #    expert bias, aux loss): EP2, EP2 x DP2 (world 4) and TP2 x EP2 give the world-1 losses
 #    (1e-5 relative); the metrics carry per-layer routing and the run ends with its table; an
 #    EP2 checkpoint resumes at EP1 and is served at TP1 consistent with its training layout;
-#  - bad input: a clear message, a non-zero exit and no partial output.
+#  - bad input: a clear message, a non-zero exit and no partial output; a checkpoint already at
+#    --train-iters says so and trains nothing.
 # Usage: cli_test.sh BIN_DIR DATA_FILE
 set -uo pipefail
 bin=$1
@@ -252,14 +253,14 @@ expect_fail "zero bucket size" "--ddp-bucket-size must be >= 1 byte, got 0" "$wo
   "$bin/dsp-train" --world-size 2 "${model[@]}" --ddp-bucket-size 0 --metrics-file "$work/m10"
 expect_fail "layout does not divide" "world size 3 is not divisible by tensor-model-parallel-size" "$work/m1" -- \
   "$bin/dsp-train" --world-size 3 --tensor-model-parallel-size 2 "${model[@]}" --metrics-file "$work/m1" --save "$work/s1"
-expect_fail "heads not divisible by TP" "number of attention heads (4) is not divisible by 8" "$work/m2" -- \
+expect_fail "heads not divisible by TP" "number of attention heads (4) is not divisible by tensor-model-parallel-size (8)" "$work/m2" -- \
   "$bin/dsp-train" --world-size 8 --tensor-model-parallel-size 8 "${model[@]}" --hidden-size 64 --metrics-file "$work/m2"
-expect_fail "hidden not divisible by heads" "hidden size (30) is not divisible by 4" "$work/m3" -- \
+expect_fail "hidden not divisible by heads" "hidden size (30) is not divisible by number of attention heads (4)" "$work/m3" -- \
   "$bin/dsp-train" "${model[@]}" --hidden-size 30 --metrics-file "$work/m3"
 expect_fail "kv heads vs TP" "number of query groups (3) and tensor-model-parallel-size (2) must divide one another" "$work/m4" -- \
   "$bin/dsp-train" --world-size 2 --tensor-model-parallel-size 2 "${model[@]}" --num-attention-heads 6 \
   --hidden-size 48 --num-query-groups 3 --metrics-file "$work/m4"
-expect_fail "ffn not divisible by TP" "ffn hidden size (66) is not divisible by 4" "$work/m5" -- \
+expect_fail "ffn not divisible by TP" "ffn hidden size (66) is not divisible by tensor-model-parallel-size (4)" "$work/m5" -- \
   "$bin/dsp-train" --world-size 4 --tensor-model-parallel-size 4 "${model[@]}" --ffn-hidden-size 66 --metrics-file "$work/m5"
 expect_fail "unwritable trace file" "cannot write trace file '$work/nodir/t.json'" "$work/m8" -- \
   "$bin/dsp-train" "${model[@]}" --profile-file "$work/nodir/t.json" --metrics-file "$work/m8"
@@ -272,6 +273,26 @@ expect_fail "reshard to a TP that does not divide" "cannot reshard" "$work/bad_t
 expect_fail "another model config" "another model config" "" -- \
   "$bin/dsp-train" --world-size 2 --tensor-model-parallel-size 2 "${model[@]}" --hidden-size 64 --load "$work/ckpt" \
   --train-iters 8
+expect_fail "--log-interval 0" "--log-interval: must be >= 1, got 0" "$work/m27" -- \
+  "$bin/dsp-train" "${model[@]}" --log-interval 0 --metrics-file "$work/m27"
+expect_fail "negative learning rate" "--lr must be >= 0, got -1" "$work/m28" -- \
+  "$bin/dsp-train" "${model[@]}" --lr -1 --metrics-file "$work/m28"
+expect_fail "world size 0" "--world-size: must be >= 1, got 0" "$work/m29" -- \
+  "$bin/dsp-train" --world-size 0 "${model[@]}" --metrics-file "$work/m29"
+expect_fail "global batch not divisible" \
+  "global batch size (4) is not divisible by micro batch size x data-parallel size = 2 x 3 = 6" "$work/m30" -- \
+  "$bin/dsp-train" --world-size 3 "${model[@]}" --metrics-file "$work/m30"
+printf '{"tensor-modle-parallel-size": 2}' >"$work/typo.json"
+expect_fail "a config file key that is no flag" \
+  "config file '$work/typo.json': --tensor-modle-parallel-size is not a flag" "$work/m31" -- \
+  "$bin/dsp-train" --config "$work/typo.json" "${model[@]}" --metrics-file "$work/m31"
+expect_fail "serving at TP 0" "--tensor-model-parallel-size: must be >= 1, got 0" "" -- \
+  "$bin/dsp-generate" --load "$work/ckpt" --tensor-model-parallel-size 0 --prompt "A"
+# a checkpoint already at --train-iters: said, and nothing trained
+"$bin/dsp-train" --world-size 2 --tensor-model-parallel-size 2 "${model[@]}" --load "$work/ckpt" --train-iters 3 \
+  >"$work/out" 2>&1
+grep -qF "is at iteration 6, not below --train-iters 3: nothing to train" "$work/out" &&
+  grep -qF "trained 0 steps" "$work/out" && ok || fail "resume past --train-iters: $(cat "$work/out")"
 
 expect_fail "pipeline size does not divide the world" \
   "world size 4 is not divisible by tensor-model-parallel-size x pipeline-model-parallel-size = 1 x 3 = 3" "$work/s_pp3" -- \
@@ -335,7 +356,7 @@ expect_fail "expert parallelism of a dense model" "expert-model-parallel-size 2 
   "$bin/dsp-train" --world-size 2 --expert-model-parallel-size 2 "${model[@]}" --metrics-file "$work/m20"
 expect_fail "an MoE flag without experts" "--moe-router-topk needs an MoE model" "$work/m21" -- \
   "$bin/dsp-train" "${model[@]}" --moe-router-topk 4 --metrics-file "$work/m21"
-expect_fail "shared expert size not a multiple" "--moe-shared-expert-intermediate-size (24) is not divisible by 16" "$work/m17" -- \
+expect_fail "shared expert size not a multiple" "--moe-shared-expert-intermediate-size (24) is not divisible by --moe-ffn-hidden-size (16)" "$work/m17" -- \
   "$bin/dsp-train" "${moe[@]}" --moe-shared-expert-intermediate-size 24 --metrics-file "$work/m17"
 
 mkdir -p "$work/notes" && echo keep >"$work/notes/keep.txt"

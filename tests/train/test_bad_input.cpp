@@ -1,11 +1,16 @@
 // Bad configurations fail before any work with a message that names the numbers.
 #include <doctest/doctest.h>
 
+#include <cmath>
+#include <initializer_list>
+#include <string>
+
 #include "dsp/backend/host.hpp"
 #include "dsp/comm/launch.hpp"
 #include "dsp/policy.hpp"
 #include "dsp/model/causal_lm.hpp"
 #include "dsp/train/trainer.hpp"
+#include "small_model.hpp"
 
 using namespace dsp;
 
@@ -41,14 +46,14 @@ TEST_CASE("model sizes that do not divide by TP name the size and the TP degree"
   CHECK(build(config(), 3, 3) == "");  // 48 hidden, 6 heads, 3 groups, 96 ffn all divide by 3
   auto c = config();
   c.hidden_size = 50;  // not divisible by 6 heads
-  CHECK(build(c, 1, 1) == "hidden size (50) is not divisible by 6");
+  CHECK(build(c, 1, 1) == "hidden size (50) is not divisible by number of attention heads (6)");
   c = config();
   c.hidden_size = 12;  // 6 heads of 2; TP 8
   c.num_query_groups = 6;
-  CHECK(build(c, 8, 8) == "hidden size (12) is not divisible by 8");
+  CHECK(build(c, 8, 8) == "hidden size (12) is not divisible by tensor-model-parallel-size (8)");
   c = config();
   c.ffn_hidden_size = 98;
-  CHECK(build(c, 3, 3) == "ffn hidden size (98) is not divisible by 3");
+  CHECK(build(c, 3, 3) == "ffn hidden size (98) is not divisible by tensor-model-parallel-size (3)");
   c = config();
   c.num_attention_heads = 12;  // head dim 4; 3 query groups on TP 2: neither divides the other
   CHECK(build(c, 2, 2) == "number of query groups (3) and tensor-model-parallel-size (2) must divide one another");
@@ -57,7 +62,7 @@ TEST_CASE("model sizes that do not divide by TP name the size and the TP degree"
 TEST_CASE("heads not divisible by TP") {
   auto c = config();
   c.num_query_groups = 6;
-  CHECK(build(c, 4, 4) == "number of attention heads (6) is not divisible by 4");
+  CHECK(build(c, 4, 4) == "number of attention heads (6) is not divisible by tensor-model-parallel-size (4)");
 }
 
 TEST_CASE("a missing data file is an InputError naming the file") {
@@ -67,8 +72,47 @@ TEST_CASE("a missing data file is an InputError naming the file") {
 
 TEST_CASE("a global batch that micro-batch x DP does not divide names the numbers") {
   CHECK_THROWS_WITH_AS(dp::DataSampler(100, 3, 8, 2, 0, 1),
-                       "global batch size (micro batch size x data-parallel size = 6) (8) is not divisible by 6",
+                       "global batch size (8) is not divisible by micro batch size x data-parallel size = 3 x 2 = 6",
                        ConfigError);
+}
+
+TEST_CASE("a TrainConfig value out of its range names the flag and the value, before any work") {
+  const auto& data = test::shakespeare(config().seq_length);
+  // The Trainer's error for tc, or empty when it builds.
+  const auto trainer_error = [&](const train::TrainConfig& tc) -> std::string {
+    try {
+      comm::launch(1, [&](comm::ThreadComm& w) {
+        DeviceMesh mesh(w, ParallelLayout{});
+        train::Trainer<P> trainer(config(), tc, mesh, data);
+      });
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return {};
+  };
+  train::TrainConfig good;
+  good.micro_batch_size = 2;
+  good.global_batch_size = 4;
+  good.train_iters = 3;
+  CHECK(trainer_error(good) == "");
+  struct Case {
+    void (*change)(train::TrainConfig&);
+    std::string message;
+  };
+  for (const Case& c : std::initializer_list<Case>{
+           {[](train::TrainConfig& t) { t.micro_batch_size = 0; }, "--micro-batch-size must be >= 1, got 0"},
+           {[](train::TrainConfig& t) { t.train_iters = -3; }, "--train-iters must be >= 1, got -3"},
+           {[](train::TrainConfig& t) { t.eval_iters = 0; }, "--eval-iters must be >= 1, got 0"},
+           {[](train::TrainConfig& t) { t.lr_warmup_iters = -1; }, "--lr-warmup-iters must be >= 0, got -1"},
+           {[](train::TrainConfig& t) { t.lr = -1.0f; }, "--lr must be >= 0, got -1"},
+           {[](train::TrainConfig& t) { t.clip_grad = std::nanf(""); }, "--clip-grad must be >= 0, got nan"},
+           {[](train::TrainConfig& t) { t.adam.beta2 = 1.0f; }, "--adam-beta2 must be in [0, 1), got 1"},
+           {[](train::TrainConfig& t) { t.adam.eps = 0.0f; }, "--adam-eps must be > 0, got 0"},
+       }) {
+    train::TrainConfig tc = good;
+    c.change(tc);
+    CHECK(trainer_error(tc) == c.message);
+  }
 }
 
 }  // namespace train_bad_input_test

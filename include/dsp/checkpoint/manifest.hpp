@@ -203,7 +203,8 @@ inline void write_manifest(const std::filesystem::path& dir, const Manifest& m) 
 }
 
 /// Parses `dir`/manifest.json without verifying the files it lists. Throws CheckpointError:
-/// "checkpoint directory <dir> does not exist", "no manifest.json in <dir>" when it is absent; naming the file when it is not valid JSON of
+/// "checkpoint directory <dir> does not exist", "no manifest.json in <dir>" when it is absent;
+/// naming the file when it is not valid JSON ("<file>: not valid JSON (truncated?)") or not of
 /// the form above, its format or version is not this code's, a layout size is < 1, a file name
 /// is not a plain name inside the directory, or a file's ranks lie outside the layout.
 inline Manifest read_manifest(const std::filesystem::path& dir) {
@@ -217,6 +218,7 @@ inline Manifest read_manifest(const std::filesystem::path& dir) {
     return CheckpointError(dsp::detail::concat(path.string(), ": ", what...));
   };
   const nlohmann::json j = nlohmann::json::parse(read_text(path), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) throw fail("not valid JSON (truncated?)");
   if (!j.is_object()) throw fail("not a JSON object");
   const nlohmann::json format = j.value("format", nlohmann::json()),
                        version = j.value("version", nlohmann::json());

@@ -7,13 +7,20 @@
 
 namespace dsp {
 
-/// numerator / denominator; throws ConfigError naming both numbers (and what they are) when
-/// the division is not exact or the denominator is not positive.
-inline std::int64_t divide(std::int64_t numerator, std::int64_t denominator,
-                           std::string_view what = "value") {
-  DSP_CHECK_AS(ConfigError, denominator > 0, what, ": divisor must be positive, got ", denominator);
-  DSP_CHECK_AS(ConfigError, numerator % denominator == 0, what, " (", numerator,
-               ") is not divisible by ", denominator);
+/// numerator / denominator; throws ConfigError naming both numbers and what they are when the
+/// division is not exact ("hidden size (128) is not divisible by tensor-model-parallel-size (3)";
+/// without divisor_what "... is not divisible by 3") or the denominator is not positive.
+inline std::int64_t divide(std::int64_t numerator, std::int64_t denominator, std::string_view what = "value",
+                           std::string_view divisor_what = {}) {
+  if (divisor_what.empty()) {
+    DSP_CHECK_AS(ConfigError, denominator > 0, what, ": divisor must be positive, got ", denominator);
+    DSP_CHECK_AS(ConfigError, numerator % denominator == 0, what, " (", numerator, ") is not divisible by ",
+                 denominator);
+  } else {
+    DSP_CHECK_AS(ConfigError, denominator > 0, divisor_what, " must be positive, got ", denominator);
+    DSP_CHECK_AS(ConfigError, numerator % denominator == 0, what, " (", numerator, ") is not divisible by ",
+                 divisor_what, " (", denominator, ")");
+  }
   return numerator / denominator;
 }
 

@@ -13,7 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "dsp/core/divide.hpp"
+#include "dsp/core/error.hpp"
 #include "dsp/core/rng.hpp"
 
 namespace dsp::dp {
@@ -27,15 +27,19 @@ class DataSampler {
     NLOHMANN_DEFINE_TYPE_INTRUSIVE(State, epoch, offset)
   };
 
-  /// num_windows: windows in the data set. Throws ConfigError when global_batch is not
-  /// micro_batch x dp x k, or the data holds fewer windows than one global batch.
+  /// num_windows: windows in the data set. Throws ConfigError, naming the numbers, when a batch
+  /// size is not positive, global_batch is not micro_batch x dp x k, or the data holds fewer
+  /// windows than one global batch.
   DataSampler(std::int64_t num_windows, std::int64_t micro_batch, std::int64_t global_batch, int dp_size, int dp_rank,
               std::uint64_t seed)
       : num_windows_(num_windows), micro_(micro_batch), global_(global_batch), dp_size_(dp_size), dp_rank_(dp_rank),
         seed_(seed) {
-    accumulation_ = divide(global_batch, micro_batch * dp_size,
-                           "global batch size (micro batch size x data-parallel size = " +
-                               std::to_string(micro_batch * dp_size) + ")");
+    DSP_CHECK_AS(ConfigError, micro_batch >= 1, "micro batch size must be >= 1, got ", micro_batch);
+    DSP_CHECK_AS(ConfigError, global_batch >= 1, "global batch size must be >= 1, got ", global_batch);
+    DSP_CHECK_AS(ConfigError, global_batch % (micro_batch * dp_size) == 0, "global batch size (", global_batch,
+                 ") is not divisible by micro batch size x data-parallel size = ", micro_batch, " x ", dp_size, " = ",
+                 micro_batch * dp_size);
+    accumulation_ = global_batch / (micro_batch * dp_size);
     DSP_CHECK_AS(ConfigError, num_windows >= global_batch, "the data holds ", num_windows,
                  " sequences, fewer than one global batch of ", global_batch);
     permute();

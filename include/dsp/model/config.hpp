@@ -69,15 +69,15 @@ struct ModelConfig {
                                {"sequence length", seq_length}, {"number of attention heads", num_attention_heads},
                                {"number of query groups", num_query_groups}})
       DSP_CHECK_AS(ConfigError, value > 0, name, " must be positive, got ", value);
-    divide(hidden_size, num_attention_heads, "hidden size");
+    divide(hidden_size, num_attention_heads, "hidden size", "number of attention heads");
     DSP_CHECK_AS(ConfigError, head_dim() % 2 == 0, "head dim (", head_dim(), ") must be even for RoPE");
-    divide(num_attention_heads, num_query_groups, "number of attention heads");
-    divide(hidden_size, tensor_parallel, "hidden size");
-    divide(num_attention_heads, tensor_parallel, "number of attention heads");
+    divide(num_attention_heads, num_query_groups, "number of attention heads", "number of query groups");
+    divide(hidden_size, tensor_parallel, "hidden size", "tensor-model-parallel-size");
+    divide(num_attention_heads, tensor_parallel, "number of attention heads", "tensor-model-parallel-size");
     DSP_CHECK_AS(ConfigError, num_query_groups % tensor_parallel == 0 || tensor_parallel % num_query_groups == 0,
                  "number of query groups (", num_query_groups, ") and tensor-model-parallel-size (", tensor_parallel,
                  ") must divide one another");
-    divide(ffn_hidden_size, tensor_parallel, "ffn hidden size");
+    divide(ffn_hidden_size, tensor_parallel, "ffn hidden size", "tensor-model-parallel-size");
     if (!is_moe()) return;
     router().validate();
     DSP_CHECK_AS(ConfigError, moe_ffn_hidden_size > 0, "moe ffn hidden size must be positive, got ",
@@ -87,7 +87,7 @@ struct ModelConfig {
     DSP_CHECK_AS(ConfigError, first_k_dense_replace >= 0 && first_k_dense_replace < num_layers,
                  "first-k-dense-replace (", first_k_dense_replace, ") must be in [0, number of layers = ", num_layers,
                  "): an MoE model needs an MoE layer");
-    divide(moe_ffn_hidden_size, tensor_parallel, "moe ffn hidden size");
+    divide(moe_ffn_hidden_size, tensor_parallel, "moe ffn hidden size", "tensor-model-parallel-size");
   }
 
   /// Throws ConfigError naming both numbers unless expert_parallel divides the routed experts;

@@ -85,10 +85,12 @@ struct ShardedTensor {
     switch (kind) {
       case ShardKind::Replicated:
       case ShardKind::Vocab: return;
-      case ShardKind::Split: divide(global_shape.at(split_dim), tp, what + " dim " + std::to_string(split_dim)); return;
-      case ShardKind::GateUp: divide(global_shape[0] / 2, tp, what + " ffn size"); return;
+      case ShardKind::Split:
+        divide(global_shape.at(split_dim), tp, what + " dim " + std::to_string(split_dim), "tensor-model-parallel-size");
+        return;
+      case ShardKind::GateUp: divide(global_shape[0] / 2, tp, what + " ffn size", "tensor-model-parallel-size"); return;
       case ShardKind::Qkv:
-        divide(num_heads, tp, "number of attention heads");
+        divide(num_heads, tp, "number of attention heads", "tensor-model-parallel-size");
         DSP_CHECK_AS(ConfigError, num_kv_heads % tp == 0 || tp % num_kv_heads == 0, "number of query groups (",
                      num_kv_heads, ") and tensor-model-parallel-size (", tp, ") must divide one another");
         return;

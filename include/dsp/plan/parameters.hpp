@@ -80,7 +80,7 @@ inline std::vector<StageParameter> stage_parameters(const model::ModelConfig& c,
     }
     add(ShardedTensor::replicated(mlp + ".gate.weight", {c.num_experts, h}));
     if (c.num_shared_experts > 0) swiglu(mlp + ".shared_experts", c.num_shared_experts * c.moe_ffn_hidden_size, false);
-    const std::int64_t local = divide(c.num_experts, ep, "number of experts");
+    const std::int64_t local = divide(c.num_experts, ep, "number of experts", "expert-model-parallel-size");
     for (std::int64_t e = local * ep_rank; e < local * (ep_rank + 1); ++e)
       swiglu(mlp + ".experts." + std::to_string(e), c.moe_ffn_hidden_size, true);
     if (c.moe_router_enable_expert_bias) {

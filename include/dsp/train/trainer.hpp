@@ -103,6 +103,21 @@ struct TrainConfig {
   /// --min-loss-scale too large), or the loss itself is not (the forward overflowed: with
   /// Fp16Mixed, activations past fp16's 65504), and skipping further would only consume data.
   std::optional<precision::LossScalerConfig> loss_scaler;
+
+  /// Throws ConfigError naming the flag and the value for a value out of its range: batch
+  /// sizes, train_iters and eval_iters below 1; lr, min_lr, lr_warmup_iters, lr_decay_iters,
+  /// clip_grad or an AdamW hyper-parameter out of range (NaN included; AdamWConfig::validate).
+  /// The Trainer calls it first.
+  void validate() const {
+    for (auto [flag, value] : {std::pair{"--micro-batch-size", micro_batch_size}, {"--global-batch-size", global_batch_size},
+                               {"--train-iters", train_iters}, {"--eval-iters", eval_iters}})
+      DSP_CHECK_AS(ConfigError, value >= 1, flag, " must be >= 1, got ", value);
+    for (auto [flag, value] : {std::pair{"--lr-warmup-iters", lr_warmup_iters}, {"--lr-decay-iters", lr_decay_iters}})
+      DSP_CHECK_AS(ConfigError, value >= 0, flag, " must be >= 0, got ", value);
+    for (auto [flag, value] : {std::pair{"--lr", lr}, {"--min-lr", min_lr}, {"--clip-grad", clip_grad}})
+      DSP_CHECK_AS(ConfigError, value >= 0.0f, flag, " must be >= 0, got ", value);
+    adam.validate();
+  }
 };
 
 /// One MoE layer's routing over a whole step, summed over every data-parallel rank.
@@ -195,11 +210,12 @@ class Trainer {
   /// through the host; --grad-reduce-dtype bf16 / fp16 and mixed precision (16-bit activations,
   /// parameters and gradients, fp32 master weights; offload included) round and widen with the
   /// backend's convert ops where the tensors live.
-  /// Collective over the mesh. Throws ConfigError when the model does not split over TP or
-  /// the pipeline, the batch sizes do not divide, or the schedule does not fit them (e.g.
-  /// interleaved with micro-batches not a multiple of the pipeline size).
+  /// Collective over the mesh. Throws ConfigError when a TrainConfig value is out of range
+  /// (TrainConfig::validate, checked first), the model does not split over TP or the pipeline,
+  /// the batch sizes do not divide, or the schedule does not fit them (e.g. interleaved with
+  /// micro-batches not a multiple of the pipeline size).
   Trainer(const model::ModelConfig& config, const TrainConfig& tc, DeviceMesh<Comm>& mesh, const TokenDataset& data)
-      : tc_(tc),
+      : tc_((tc.validate(), tc)),
         mesh_(&mesh),
         data_(&data),
         stages_(make_stages(config, tc, mesh)),
@@ -219,7 +235,6 @@ class Trainer {
         schedule_{tc.lr, tc.min_lr, tc.lr_warmup_iters, tc.lr_decay_iters > 0 ? tc.lr_decay_iters : tc.train_iters} {
     DSP_CHECK_AS(ConfigError, data.seq_length() == config.seq_length, "data windows of ", data.seq_length(),
                  " tokens do not match --seq-length ", config.seq_length);
-    DSP_CHECK_AS(ConfigError, tc.eval_iters >= 1, "--eval-iters must be >= 1, got ", tc.eval_iters);
     DSP_CHECK_AS(ConfigError, data.val_windows() >= tc.global_batch_size, "the validation split holds ",
                  data.val_windows(), " sequences, fewer than one global batch of ", tc.global_batch_size);
     if (config.tie_word_embeddings && engine_.schedule().num_stages() > 1) {  // first and last stage of each (tp, dp)

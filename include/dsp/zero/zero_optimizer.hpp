@@ -62,6 +62,16 @@ struct AdamWConfig {
   float beta2 = 0.95f;
   float eps = 1e-8f;
   float weight_decay = 0.1f;  ///< decoupled; not applied to 1-D parameters (norms)
+
+  /// Throws ConfigError naming the flag and the value unless 0 <= beta1, beta2 < 1 (a beta of
+  /// 1 divides by zero in the bias correction 1 - beta^t), eps > 0 and weight_decay >= 0 (NaN
+  /// fails every check).
+  void validate() const {
+    for (auto [flag, value] : {std::pair{"--adam-beta1", beta1}, {"--adam-beta2", beta2}})
+      DSP_CHECK_AS(ConfigError, value >= 0.0f && value < 1.0f, flag, " must be in [0, 1), got ", value);
+    DSP_CHECK_AS(ConfigError, eps > 0.0f, "--adam-eps must be > 0, got ", eps);
+    DSP_CHECK_AS(ConfigError, weight_decay >= 0.0f, "--weight-decay must be >= 0, got ", weight_decay);
+  }
 };
 
 /// Throws ConfigError unless stage is 0, 1, 2 or 3 (--zero-stage).
@@ -92,7 +102,8 @@ class ZeroOptimizer {
   /// offload_optimizer.ratio, Megatron's --optimizer-offload-fraction): the fraction of the
   /// optimizer state kept in host memory and updated by the CPU: the state of the first
   /// parameters in `params` until that fraction of their elements is reached (so at least the
-  /// fraction, by at most one parameter). Throws ConfigError outside [0, 1]. Built in a memory
+  /// fraction, by at most one parameter). Throws ConfigError outside [0, 1], and for an AdamW
+  /// hyper-parameter out of range (AdamWConfig::validate). Built in a memory
   /// space (a device's), the offloaded moments and, in fp32, a host copy of each offloaded
   /// slice's values (Parameters) and gradient (Gradients) are in the space's pinned host memory
   /// (MemorySpace::pinned_host(); ordinary host memory when it has none), allocated once;
@@ -104,6 +115,7 @@ class ZeroOptimizer {
         stage_(buckets.at(0)->zero_stage()),
         data_(&buckets.front()->group()),
         space_(current_memory_space()) {
+    config_.validate();
     DSP_CHECK_AS(ConfigError, offload_ratio >= 0.0 && offload_ratio <= 1.0,
                  "the optimizer offload ratio must be in [0, 1], got ", offload_ratio);
     std::int64_t total = 0, offloaded = 0;  // parameter elements
