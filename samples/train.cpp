@@ -199,6 +199,7 @@ std::string eta(double seconds) {
 }
 
 void train(Options& o) {
+  o.train.validate();  // the Trainer checks again; here before the sgemm peak and the data are read
   if (o.peak_flops <= 0) o.peak_flops = dsp::train::measure_sgemm_peak<dsp::backend::Host>();
   const auto data = dsp::train::TokenDataset::from_file(o.data_path, o.model.seq_length);
   if (!o.save.empty()) dsp::checkpoint::check_replaceable(o.save);  // fail now, not after training

@@ -2,7 +2,7 @@
 # One GPU check: builds the CUDA backend for this GPU, runs the GPU tests (which must run, not
 # skip), then benchmarks, and writes everything to one results file (default gpu-check.md, or
 # the first argument) and its logs to a folder beside it (gpu-check-logs/: build.log, ctest.log,
-# bench.log). Target: under 8 minutes on one H200.
+# bench.log, sanitizer.log), made anew each run. Target: under 8 minutes on one H200.
 #
 #   bash scripts/gpu-check.sh [results.md]
 #   DSP_GPU_CHECK_BUDGET_S=510 bash scripts/gpu-check.sh $OUT/gpu-check.md   # a lent GPU, 540 s call
@@ -39,6 +39,7 @@ build=build/gpu-check
 budget=${DSP_GPU_CHECK_BUDGET_S:-510}
 start=$SECONDS
 phase=start
+rm -rf "$logs"  # the logs are appended to: none from an earlier run
 mkdir -p "$(dirname "$out")" "$logs"
 
 say() { printf '%s\n' "$@" >> "$out"; }              # lines into the results file
@@ -70,15 +71,20 @@ trap '[[ -z $child ]] || kill -TERM "$child" 2> /dev/null; exit 143' TERM HUP IN
 # timeout_run SECONDS LOG COMMAND...: COMMAND's output to the console and appended to LOG, killed
 # (its whole process group) at the limit; returns COMMAND's status, 124 on timeout (at once when
 # SECONDS is below 1: timeout 0 would mean no limit). It runs in the background and is waited
-# for, so that a TERM reaches the trap above at once instead of after COMMAND.
+# for, so that a TERM reaches the trap above at once instead of after COMMAND; the tee is waited
+# for too, so that LOG is complete when this returns (its last lines are ctest's summary).
 timeout_run() {
-  local seconds=$1 log=$2 rc=0
+  local seconds=$1 log=$2 rc=0 fd tee_pid
   shift 2
   ((seconds >= 1)) || { echo "gpu-check: no time left for $1" | tee -a "$log"; return 124; }
-  timeout --kill-after=10 "$seconds" "$@" > >(tee -a "$log") 2>&1 &
+  exec {fd}> >(tee -a "$log")
+  tee_pid=$!
+  timeout --kill-after=10 "$seconds" "$@" >&"$fd" 2>&1 {fd}>&- &
   child=$!
+  exec {fd}>&-
   wait "$child" || rc=$?
   child=
+  wait "$tee_pid" 2> /dev/null || true
   return "$rc"
 }
 
@@ -88,7 +94,7 @@ timeout_run() {
   echo "Budget $budget s. Logs: $logs/."
   echo
   echo '```'
-  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv 2>&1 ||
+  timeout 30 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv 2>&1 ||
     echo "nvidia-smi failed"
   nvcc --version 2> /dev/null | tail -1 || echo "nvcc not on PATH"
   echo "$(nproc) CPU cores"
@@ -129,7 +135,7 @@ done
 if ((${#missing[@]})); then
   stop "missing here: ${missing[*]} (scripts/setup.sh installs the libraries from Debian; where there is no network, carry .gpu-deps made by scripts/gpu-deps.sh)"
 fi
-cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>&1 | head -1 | tr -d '. ') || true
+cc=$(timeout 30 nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>&1 | head -1 | tr -d '. ') || true
 [[ $cc =~ ^[0-9]+$ ]] || stop "cannot read the GPU's compute capability (nvidia-smi said '$cc')"
 
 generator=(-G "Unix Makefiles")
@@ -140,7 +146,7 @@ if [[ -f $build/CMakeCache.txt ]] && ! grep -qx "CMAKE_GENERATOR:INTERNAL=${gene
   rm -rf "$build"
 fi
 mkdir -p "$build"
-if ! cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DDSP_ENABLE_CUDA=ON \
+if ! timeout 180 cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DDSP_ENABLE_CUDA=ON \
   -DDSP_ENABLE_MPI=OFF -DCMAKE_CUDA_ARCHITECTURES="$cc" "${cmake_deps[@]}" > "$logs/build.log" 2>&1; then
   say '```' "$(tail -40 "$logs/build.log")" '```'
   stop "configure failed (the log's tail is above; all of it in $logs/build.log)"
@@ -154,7 +160,7 @@ fi
 say "" "Built by $((SECONDS - start)) s."
 
 phase "GPU tests"
-gpus=$(nvidia-smi -L | grep -c '^GPU' || true)
+gpus=$(timeout 30 nvidia-smi -L | grep -c '^GPU' || true)
 exclude=()
 ((gpus >= 2)) || exclude=(-E multi_gpu)  # the tests that need two GPUs skip themselves on one
 test_limit=$(share 200 50)
@@ -185,10 +191,12 @@ if ((ctest_rc != 0)) || grep -q 'Skipped' "$logs/ctest.log"; then
   failed=$(grep -E '^[[:space:]]*[0-9]+ - [^ ]+ \((Failed|SEGFAULT|Subprocess aborted|Exception|Timeout|Child aborted|ILLEGAL|OTHER_FAULT|NUMERICAL|INTERRUPT)' \
     "$logs/ctest.log" | sed -E 's/^[[:space:]]*[0-9]+ - ([^ ]+) .*/\1/' | sort -u || true)
   for name in $failed; do
-    [[ -e tests/$name.cu ]] || continue
+    source=  # its file, as --source-file takes it
+    for f in tests/"$name".cu tests/"$name".cpp; do [[ -e $f ]] && source=$f; done
+    [[ -n $source ]] || continue
     if grep -qE "^[[:space:]]*[0-9]+ - $name \((SEGFAULT|Subprocess aborted|Child aborted|ILLEGAL|OTHER_FAULT)" "$logs/ctest.log" ||
       grep -qiE 'CudaError|illegal memory|misaligned|unspecified launch failure' "$logs/ctest.log"; then
-      faulted+=("$name")
+      faulted+=("${source#tests/}")
     fi
   done
   errors=$(grep -E 'ERROR|FATAL|values:|logged:|CudaError|CUDA error|error:' "$logs/ctest.log" | head -80 || true)
@@ -235,14 +243,15 @@ python3 scripts/gpu_check_tables.py train "${train_json[@]}" >> "$out" || true
 sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2> /dev/null || true)
 if ((${#faulted[@]})) && [[ -n $sanitizer ]]; then
   phase "compute-sanitizer memcheck of the CUDA tests that faulted"
-  for name in "${faulted[@]:0:2}"; do  # at most two
+  for source in "${faulted[@]:0:2}"; do  # at most two; all of their output in sanitizer.log
     seconds=$(share 90 95)
-    ((seconds >= 15)) || { say "" "$name: no sanitizer run, $(left) s of the budget left."; break; }
-    log=$build/sanitizer-${name//\//_}.log
-    rm -f "$log"
-    timeout_run "$seconds" "$log" "$sanitizer" --tool memcheck --print-limit 8 \
-      "$build/tests/dsp_cuda_tests" --source-file="*/$name.cu" --no-version || true
-    say "" "### compute-sanitizer memcheck: $name" "" '```' "$(tail -60 "$log")" '```'
+    ((seconds >= 15)) || { say "" "$source: no sanitizer run, $(left) s of the budget left."; break; }
+    echo "=== $source" >> "$logs/sanitizer.log"
+    rm -f "$build/sanitizer.log"
+    timeout_run "$seconds" "$build/sanitizer.log" "$sanitizer" --tool memcheck --print-limit 8 \
+      "$build/tests/dsp_cuda_tests" --source-file="*/$source" --no-version || true
+    cat "$build/sanitizer.log" >> "$logs/sanitizer.log"
+    say "" "### compute-sanitizer memcheck: $source" "" '```' "$(tail -60 "$build/sanitizer.log")" '```'
   done
 fi
 

@@ -70,10 +70,13 @@ TEST_CASE("a missing data file is an InputError naming the file") {
                        "data file '/nonexistent/corpus.txt' cannot be opened (missing?)", InputError);
 }
 
-TEST_CASE("a global batch that micro-batch x DP does not divide names the numbers") {
+TEST_CASE("a global batch that micro-batch x DP does not divide, or a DP size below 1, names the numbers") {
   CHECK_THROWS_WITH_AS(dp::DataSampler(100, 3, 8, 2, 0, 1),
                        "global batch size (8) is not divisible by micro batch size x data-parallel size = 3 x 2 = 6",
                        ConfigError);
+  CHECK_THROWS_WITH_AS(dp::DataSampler(100, 2, 8, 0, 0, 1),
+                       "data-parallel rank 0 of size 0: the size must be >= 1 and the rank in [0, size)", ConfigError);
+  CHECK_THROWS_AS(dp::DataSampler(100, 2, 8, 2, 2, 1), ConfigError);
 }
 
 TEST_CASE("a TrainConfig value out of its range names the flag and the value, before any work") {

@@ -28,14 +28,16 @@ class DataSampler {
   };
 
   /// num_windows: windows in the data set. Throws ConfigError, naming the numbers, when a batch
-  /// size is not positive, global_batch is not micro_batch x dp x k, or the data holds fewer
-  /// windows than one global batch.
+  /// size or dp_size is not positive, dp_rank is outside [0, dp_size), global_batch is not
+  /// micro_batch x dp x k, or the data holds fewer windows than one global batch.
   DataSampler(std::int64_t num_windows, std::int64_t micro_batch, std::int64_t global_batch, int dp_size, int dp_rank,
               std::uint64_t seed)
       : num_windows_(num_windows), micro_(micro_batch), global_(global_batch), dp_size_(dp_size), dp_rank_(dp_rank),
         seed_(seed) {
     DSP_CHECK_AS(ConfigError, micro_batch >= 1, "micro batch size must be >= 1, got ", micro_batch);
     DSP_CHECK_AS(ConfigError, global_batch >= 1, "global batch size must be >= 1, got ", global_batch);
+    DSP_CHECK_AS(ConfigError, dp_size >= 1 && dp_rank >= 0 && dp_rank < dp_size, "data-parallel rank ", dp_rank,
+                 " of size ", dp_size, ": the size must be >= 1 and the rank in [0, size)");
     DSP_CHECK_AS(ConfigError, global_batch % (micro_batch * dp_size) == 0, "global batch size (", global_batch,
                  ") is not divisible by micro batch size x data-parallel size = ", micro_batch, " x ", dp_size, " = ",
                  micro_batch * dp_size);
