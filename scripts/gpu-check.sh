@@ -88,6 +88,11 @@ timeout_run() {
   return "$rc"
 }
 
+# The CUDA toolkit's usual place, for machines whose PATH lacks it (before the header: it prints
+# nvcc's version).
+if ! command -v nvcc > /dev/null && [[ -x /usr/local/cuda/bin/nvcc ]]; then
+  export PATH=/usr/local/cuda/bin:$PATH
+fi
 {
   echo "# dsp GPU check ($(date -u +%Y-%m-%dT%H:%MZ), commit $(git rev-parse --short HEAD 2> /dev/null || echo unknown))"
   echo
@@ -102,9 +107,6 @@ timeout_run() {
 } > "$out" 2>&1
 
 phase "preflight"
-if ! command -v nvcc > /dev/null && [[ -x /usr/local/cuda/bin/nvcc ]]; then
-  export PATH=/usr/local/cuda/bin:$PATH
-fi
 # Libraries carried from a development machine (scripts/gpu-deps.sh), when there.
 cmake_deps=()
 if [[ -d .gpu-deps/root/usr ]]; then

@@ -22,8 +22,8 @@ def runs(paths):
     return rows, notes
 
 
-def table(title, header, rows, notes, cells):
-    """Prints one table; cells(run) gives a row's cells after the name."""
+def section(title, header, notes, rows):
+    """Prints a section: its title, the notes, then a table of `rows` (lists of cells) if any."""
     print(f"\n## {title}\n")
     for n in notes:
         print(n + "\n")
@@ -31,15 +31,24 @@ def table(title, header, rows, notes, cells):
         return
     print("| " + " | ".join(header) + " |")
     print("| --- |" + " ---: |" * (len(header) - 1))
+    for r in rows:
+        print("| " + " | ".join(r) + " |")
+
+
+def table(title, header, rows, notes, cells):
+    """One row a run: its name, then cells(run), or its error message."""
+    blank = [""] * (len(header) - 2)
+    out = []
     for b in rows:
         if b.get("error_occurred"):
-            body = [f"error: {b.get('error_message', '')}"] + [""] * (len(header) - 2)
+            body = [f"error: {b.get('error_message', '')}"] + blank
         else:
             try:
                 body = cells(b)
             except KeyError as e:
-                body = [f"missing counter {e}"] + [""] * (len(header) - 2)
-        print(f"| {b['name']} | " + " | ".join(body) + " |")
+                body = [f"missing counter {e}"] + blank
+        out.append([b["name"]] + body)
+    section(title, header, notes, out)
 
 
 def gemm(paths):
@@ -49,21 +58,17 @@ def gemm(paths):
     for b in rows:
         _, shape, impl = b["name"].split("/")[:3]
         shapes.setdefault(shape, {})[impl] = b
-    print("\n## bf16 GEMM (bench_gemm_cuda, TFLOP/s = 2mnk / time / 1e12)\n")
-    for n in notes:
-        print(n + "\n")
-    if not shapes:
-        return
-    print("| shape | dsp TFLOP/s | cuBLAS TFLOP/s | dsp / cuBLAS | wrong |")
-    print("| --- | ---: | ---: | ---: | ---: |")
+    out = []
     for shape, r in shapes.items():
         d, c = r.get("dsp", {}), r.get("cublas", {})
         errors = sorted({x["error_message"] for x in (d, c) if x.get("error_occurred")})
         if errors or "TFLOPs" not in d or "TFLOPs" not in c:
-            print(f"| {shape} | error: {'; '.join(errors) or 'missing result'} | | | |")
-            continue
-        print(f"| {shape} | {d['TFLOPs']:.0f} | {c['TFLOPs']:.0f} | {d['TFLOPs'] / c['TFLOPs']:.3f} | "
-              f"{int(d['wrong'] + c['wrong'])} |")
+            out.append([shape, f"error: {'; '.join(errors) or 'missing result'}", "", "", ""])
+        else:
+            out.append([shape, f"{d['TFLOPs']:.0f}", f"{c['TFLOPs']:.0f}", f"{d['TFLOPs'] / c['TFLOPs']:.3f}",
+                        f"{int(d['wrong'] + c['wrong'])}"])
+    section("bf16 GEMM (bench_gemm_cuda, TFLOP/s = 2mnk / time / 1e12)",
+            ["shape", "dsp TFLOP/s", "cuBLAS TFLOP/s", "dsp / cuBLAS", "wrong"], notes, out)
 
 
 def attention(paths):

@@ -23,17 +23,23 @@ model::ModelConfig config() {
           .ffn_hidden_size = 96, .seq_length = 16};
 }
 
-// Builds a model at (world, tp) and returns the error message (empty if none).
-std::string build(const model::ModelConfig& c, int world, int tp) {
+// Runs body on `world` ranks and returns the ConfigError's message (empty if none).
+template <class Body>
+std::string config_error(int world, Body body) {
   try {
-    comm::launch(world, [&](comm::ThreadComm& w) {
-      DeviceMesh mesh(w, ParallelLayout{.tensor = tp});
-      model::CausalLM<P> m(c, mesh, 1);
-    });
+    comm::launch(world, body);
   } catch (const ConfigError& e) {
     return e.what();
   }
   return {};
+}
+
+// Builds a model at (world, tp) and returns the error message (empty if none).
+std::string build(const model::ModelConfig& c, int world, int tp) {
+  return config_error(world, [&](comm::ThreadComm& w) {
+    DeviceMesh mesh(w, ParallelLayout{.tensor = tp});
+    model::CausalLM<P> m(c, mesh, 1);
+  });
 }
 }  // namespace
 
@@ -82,16 +88,11 @@ TEST_CASE("a global batch that micro-batch x DP does not divide, or a DP size be
 TEST_CASE("a TrainConfig value out of its range names the flag and the value, before any work") {
   const auto& data = test::shakespeare(config().seq_length);
   // The Trainer's error for tc, or empty when it builds.
-  const auto trainer_error = [&](const train::TrainConfig& tc) -> std::string {
-    try {
-      comm::launch(1, [&](comm::ThreadComm& w) {
-        DeviceMesh mesh(w, ParallelLayout{});
-        train::Trainer<P> trainer(config(), tc, mesh, data);
-      });
-    } catch (const ConfigError& e) {
-      return e.what();
-    }
-    return {};
+  const auto trainer_error = [&](const train::TrainConfig& tc) {
+    return config_error(1, [&](comm::ThreadComm& w) {
+      DeviceMesh mesh(w, ParallelLayout{});
+      train::Trainer<P> trainer(config(), tc, mesh, data);
+    });
   };
   train::TrainConfig good;
   good.micro_batch_size = 2;

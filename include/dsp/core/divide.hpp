@@ -1,6 +1,7 @@
 #pragma once
 // Checked integer division, as Megatron-Core's `divide`: sizes that must split evenly.
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 #include "dsp/core/error.hpp"
@@ -12,15 +13,11 @@ namespace dsp {
 /// without divisor_what "... is not divisible by 3") or the denominator is not positive.
 inline std::int64_t divide(std::int64_t numerator, std::int64_t denominator, std::string_view what = "value",
                            std::string_view divisor_what = {}) {
-  if (divisor_what.empty()) {
-    DSP_CHECK_AS(ConfigError, denominator > 0, what, ": divisor must be positive, got ", denominator);
-    DSP_CHECK_AS(ConfigError, numerator % denominator == 0, what, " (", numerator, ") is not divisible by ",
-                 denominator);
-  } else {
-    DSP_CHECK_AS(ConfigError, denominator > 0, divisor_what, " must be positive, got ", denominator);
-    DSP_CHECK_AS(ConfigError, numerator % denominator == 0, what, " (", numerator, ") is not divisible by ",
-                 divisor_what, " (", denominator, ")");
-  }
+  const bool named = !divisor_what.empty();  // the messages are built only on failure
+  DSP_CHECK_AS(ConfigError, denominator > 0, named ? std::string(divisor_what) : detail::concat(what, ": divisor"),
+               " must be positive, got ", denominator);
+  DSP_CHECK_AS(ConfigError, numerator % denominator == 0, what, " (", numerator, ") is not divisible by ",
+               named ? detail::concat(divisor_what, " (", denominator, ")") : std::to_string(denominator));
   return numerator / denominator;
 }
 
