@@ -33,7 +33,7 @@ int main(int argc, char** argv) {
     DSP_CHECK_AS(dsp::InputError, !prompts.empty(), "give --prompt TEXT or --prompts-file FILE");
     for (auto& text : prompts) text = samples::unescape_newlines(text);
     const auto config = dsp::checkpoint::read_model_config(load);
-    if (tp <= 0) tp = dsp::checkpoint::load_manifest(load).meta.layout.tensor;
+    if (tp <= 0) tp = dsp::checkpoint::read_manifest(load).meta.layout.tensor;
     std::vector<std::vector<std::int32_t>> ids;
     for (const auto& text : prompts) ids.push_back(dsp::serve::encode_bytes(text));
     dsp::comm::launch(tp, [&](dsp::comm::ThreadComm& world) {

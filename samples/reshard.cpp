@@ -4,6 +4,7 @@
 // Face safetensors file + config.json. Both write tensors in global layer order.
 //
 //   dsp-reshard --load ckpt --save ckpt_tp4 --tensor-model-parallel-size 4
+//   dsp-reshard --load ckpt --save serve_tp4 --tensor-model-parallel-size 4 --no-save-optim
 //   dsp-reshard --load ckpt --save hf_model --merge
 #include "cli.hpp"
 #include "dsp/checkpoint/manifest.hpp"
@@ -14,13 +15,16 @@ int main(int argc, char** argv) {
   CLI::App app{"dsp-reshard: reshard a dsp checkpoint to another TP/DP layout, or merge it for Hugging Face"};
   std::string load, save;
   int tp = 0, pp = 1, dp = 1;
-  bool merge = false;
+  bool merge = false, no_save_optim = false;
   app.add_option("--load", load, "source checkpoint directory")->required();
   app.add_option("--save", save, "destination directory (replaced atomically)")->required();
   app.add_option("--tensor-model-parallel-size", tp, "target tensor-parallel size")->check(samples::at_least(1));
   app.add_option("--pipeline-model-parallel-size", pp, "target pipeline size: 1 (the default) only");
   app.add_option("--data-parallel-size", dp, "target data-parallel size (default 1: serving)")
       ->check(samples::at_least(1));
+  app.add_flag("--no-save-optim", no_save_optim,
+               "leave the optimizer state out: a serving checkpoint of a third of the size, which training cannot "
+               "resume from");
   app.add_flag("--merge", merge, "write one model.safetensors + config.json with Hugging Face names instead");
   return samples::run_main(app, argc, argv, [&] {
     if (merge) {
@@ -32,8 +36,9 @@ int main(int argc, char** argv) {
     DSP_CHECK_AS(dsp::ConfigError, pp == 1, "dsp-reshard writes one pipeline stage (--pipeline-model-parallel-size 1), ",
                  "got ", pp, "; dsp-train --load reads a checkpoint at any pipeline-model-parallel-size directly");
     const auto source = dsp::checkpoint::read_manifest(load).meta.layout;
-    dsp::checkpoint::reshard(load, save, tp, dp);
-    std::printf("resharded %s (%s) to %s (TP%d/PP1/DP%d)\n", load.c_str(), source.str().c_str(), save.c_str(), tp,
-                dp);
+    dsp::checkpoint::reshard(load, save, tp, dp,
+                             no_save_optim ? dsp::checkpoint::OptimizerState::Drop : dsp::checkpoint::OptimizerState::Keep);
+    std::printf("resharded %s (%s) to %s (TP%d/PP1/DP%d%s)\n", load.c_str(), source.str().c_str(), save.c_str(), tp,
+                dp, no_save_optim ? ", no optimizer state" : "");
   });
 }

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # End-to-end checks of the command-line programs, each in a new process:
 #  - resume: a run stopped at step 3 and resumed gives exactly the uninterrupted losses;
-#  - served at TP1/TP4 after dsp-reshard: consistent with the training layout (<= 1e-4);
+#  - served at TP1/TP4 after dsp-reshard: consistent with the training layout (<= 1e-4); training
+#    resumes from the TP4 reshard with exactly the losses of resuming from its source; a serving
+#    checkpoint (--no-save-optim) has no optimizer files and generates the same text, and serving
+#    needs no optimizer file (truncated ones are not read); training refuses to resume from either;
 #  - --profile-file: a Chrome trace with communication spans from every rank;
 #  - --overlap-grad-reduce on/off: the same losses; --grad-reduce-dtype bf16 trains;
 #  - ZeRO: --zero-stage 1, 2 and 3 give exactly the --zero-stage 0 losses at DP4 and (stage 3)
@@ -95,6 +98,26 @@ done
 diff <(tail -n +2 "$work/gen1") <(tail -n +2 "$work/gen4") >/dev/null && ok || fail "TP1 and TP4 greedy generations differ"
 "$bin/dsp-reshard" --load "$work/ckpt" --save "$work/hf" --merge >/dev/null && [ -f "$work/hf/model.safetensors" ] \
   && [ -f "$work/hf/config.json" ] && ok || fail "merge"
+# training resumes from the TP4 reshard (moments in its partition files) exactly as from its source
+for src in ckpt ckpt_tp4; do
+  "$bin/dsp-train" --world-size 4 --tensor-model-parallel-size 4 "${model[@]}" --train-iters 8 --load "$work/$src" \
+    --metrics-file "$work/resume_$src.jsonl" >/dev/null 2>&1 || fail "resume at TP4 from $src"
+done
+[ -s "$work/resume_ckpt.jsonl" ] && diff <(losses "$work/resume_ckpt.jsonl") <(losses "$work/resume_ckpt_tp4.jsonl") >/dev/null \
+  && ok || fail "resuming from the resharded checkpoint differs from resuming from its source"
+# a serving checkpoint (--no-save-optim): no optimizer files, the same model files and generations as
+# the TP4 reshard; serving a checkpoint whose optimizer files are broken reads only the model files
+"$bin/dsp-reshard" --load "$work/ckpt" --save "$work/serve_tp4" --tensor-model-parallel-size 4 --no-save-optim \
+  >/dev/null && ls "$work/ckpt_tp4"/optim_* >/dev/null 2>&1 && ! ls "$work/serve_tp4"/optim_* >/dev/null 2>&1 \
+  && cmp -s "$work/ckpt_tp4/model_tp03_pp000.safetensors" "$work/serve_tp4/model_tp03_pp000.safetensors" && ok \
+  || fail "reshard --no-save-optim: optimizer files or model files not as expected: $(ls "$work/serve_tp4")"
+"$bin/dsp-generate" --load "$work/serve_tp4" --prompt "ROMEO:" --max-new-tokens 8 >"$work/gen_serve" \
+  && cmp -s "$work/gen4" "$work/gen_serve" && ok || fail "generation from the serving checkpoint differs from TP4's"
+cp -r "$work/ckpt" "$work/ckpt_broken_optim"
+for f in "$work/ckpt_broken_optim"/optim_*; do truncate -s 100 "$f"; done
+"$bin/dsp-generate" --load "$work/ckpt_broken_optim" --tensor-model-parallel-size 4 --prompt "ROMEO:" --max-new-tokens 8 \
+  >"$work/gen_broken" && cmp -s "$work/gen4" "$work/gen_broken" && ok \
+  || fail "generation with truncated optimizer files: $(cat "$work/gen_broken")"
 
 # --- timeline: TP2 x DP2, steps 2 and 3 -----------------------------------------------------
 "$bin/dsp-train" --world-size 4 --tensor-model-parallel-size 2 "${model[@]}" --profile-file "$work/trace.json" \
@@ -286,8 +309,10 @@ printf '{"tensor-modle-parallel-size": 2}' >"$work/typo.json"
 expect_fail "a config file key that is no flag" \
   "config file '$work/typo.json': --tensor-modle-parallel-size is not a flag" "$work/m31" -- \
   "$bin/dsp-train" --config "$work/typo.json" "${model[@]}" --metrics-file "$work/m31"
-expect_fail "serving at TP 0" "--tensor-model-parallel-size: must be >= 1, got 0" "" -- \
-  "$bin/dsp-generate" --load "$work/ckpt" --tensor-model-parallel-size 0 --prompt "A"
+expect_fail "resume from a serving checkpoint" "holds no optimizer state" "" -- \
+  "$bin/dsp-train" --world-size 2 --tensor-model-parallel-size 2 "${model[@]}" --load "$work/serve_tp4"
+expect_fail "resume with truncated optimizer files" "optim_tp00_pp000_dp000.safetensors: size is 100 bytes" "" -- \
+  "$bin/dsp-train" --world-size 2 --tensor-model-parallel-size 2 "${model[@]}" --load "$work/ckpt_broken_optim"
 # a checkpoint already at --train-iters: said, and nothing trained
 "$bin/dsp-train" --world-size 2 --tensor-model-parallel-size 2 "${model[@]}" --load "$work/ckpt" --train-iters 3 \
   >"$work/out" 2>&1
@@ -369,11 +394,11 @@ expect_fail "--load of a path that does not exist" "does not exist" "" -- \
   "$bin/dsp-generate" --load "$work/nowhere" --prompt "A"
 
 cp -r "$work/ckpt" "$work/trunc"
-f=$(ls "$work/trunc"/*.safetensors | head -n 1)
+f=$(ls "$work/trunc"/model_*.safetensors | head -n 1)
 truncate -s -100 "$f"
 expect_fail "truncated shard" "$(basename "$f")" "" -- "$bin/dsp-generate" --load "$work/trunc" --prompt "A" --max-new-tokens 1
 cp -r "$work/ckpt" "$work/corrupt"
-f=$(ls "$work/corrupt"/*.safetensors | tail -n 1)
+f=$(ls "$work/corrupt"/model_*.safetensors | tail -n 1)
 printf '\x7f' | dd of="$f" bs=1 seek=200 conv=notrunc status=none
 expect_fail "corrupted shard" "$(basename "$f")" "" -- "$bin/dsp-generate" --load "$work/corrupt" --prompt "A" --max-new-tokens 1
 mkdir -p "$work/empty"

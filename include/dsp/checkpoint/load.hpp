@@ -4,8 +4,9 @@
 // manifest's spec at the saved TP), and a rank's local tensor is shard_of(spec, global, target
 // TP, rank): loading at another TP is resharding straight from the manifest. At the saved TP a
 // range of a local shard is read on its own (CheckpointReader::read_local), which is how ZeRO
-// loads the slice it owns at any data-parallel size. Every file is verified against the
-// manifest's size and CRC-32 before any data is used.
+// loads the slice it owns at any data-parallel size. Every file read is verified against the
+// manifest's size and CRC-32 before any data is used; loading a model alone (ReadScope::Model)
+// does not read the files of optimizer state.
 #include <algorithm>
 #include <compare>
 #include <cstddef>
@@ -30,20 +31,32 @@
 
 namespace dsp::checkpoint {
 
+/// Which tensors of a checkpoint a CheckpointReader serves. Model: the model's alone (names
+/// not starting with optimizer_prefix); the partition files that hold only optimizer state are
+/// then neither verified nor opened, so serving a checkpoint reads none of the AdamW moments
+/// (twice the model's bytes) and does not depend on their files.
+enum class ReadScope { All, Model };
+
 /// A verified checkpoint directory, read one global tensor at a time (memory: one global
 /// tensor plus one shard at a time, beyond the file headers).
 class CheckpointReader {
  public:
-  /// Loads and verifies the manifest (load_manifest, which also checks that partition files
-  /// tile their tensors) and reads every file's header. Throws CheckpointError naming the file
-  /// when a header is invalid (read_safetensors), a file holds a tensor the manifest does not
-  /// list (or a partition file one its record does not, or other ranges than its metadata), a
-  /// shard whose shape is not the spec's
+  /// Loads the manifest (read_manifest, which also checks that partition files tile their
+  /// tensors), verifies every file the scope needs against the manifest's size and CRC-32
+  /// (verify_file) and reads its header. Throws CheckpointError naming the file when a file is
+  /// missing, truncated or corrupted or its header is invalid (read_safetensors), a file holds a
+  /// tensor the manifest does not list (or a partition file one its record does not, or other
+  /// ranges than its metadata), a shard whose shape is not the spec's
   /// local shape at the saved TP, a part whose length is not its range's, or a tensor both
   /// whole and in parts; or naming the tensor when it lacks the shard of some TP rank.
-  explicit CheckpointReader(std::filesystem::path dir) : dir_(std::move(dir)), manifest_(load_manifest(dir_)) {
+  explicit CheckpointReader(std::filesystem::path dir, ReadScope scope = ReadScope::All)
+      : dir_(std::move(dir)), scope_(scope), manifest_(read_manifest(dir_)) {
     const int tp = manifest_.meta.layout.tensor;
     for (const auto& [name, record] : manifest_.files) {
+      if (scope_ == ReadScope::Model && record.partition() &&
+          std::all_of(record.ranges.begin(), record.ranges.end(), [&](const auto& r) { return !in_scope(r.first); }))
+        continue;
+      verify_file(dir_, name, record);
       files_.push_back(read_safetensors(dir_ / name));
       const SafetensorsFile& file = files_.back();
       const auto fail = [&](const auto&... what) {
@@ -76,6 +89,7 @@ class CheckpointReader {
       }
     }
     for (const ShardedTensor& spec : manifest_.tensors) {
+      if (!in_scope(spec.name)) continue;
       auto& pieces = pieces_[spec.name];
       std::sort(pieces.begin(), pieces.end());
       const auto in_part = [](const Piece& p) { return p.part; };
@@ -94,8 +108,10 @@ class CheckpointReader {
     }
   }
 
-  /// The verified manifest.
+  /// The manifest (every file the scope needs verified).
   const Manifest& manifest() const { return manifest_; }
+  /// The tensors this reader serves.
+  ReadScope scope() const { return scope_; }
   /// The checkpoint directory.
   const std::filesystem::path& dir() const { return dir_; }
 
@@ -111,7 +127,8 @@ class CheckpointReader {
 
   /// The global tensor `name` (shape spec.global_shape, padding removed), assembled from the
   /// shards (or their parts) of all TP ranks. Throws CheckpointError naming the directory when
-  /// the checkpoint has no such tensor, or naming the file when a shard cannot be read.
+  /// the checkpoint has no such tensor or the scope leaves it out, or naming the file when a
+  /// shard cannot be read.
   Tensor global_tensor(std::string_view name) const {
     const ShardedTensor& spec = find(name);
     Tensor global = Tensor::host_zeros(spec.global_shape);
@@ -161,9 +178,16 @@ class CheckpointReader {
       throw differ(" is split as ", nlohmann::json(saved).dump(), ", model expects ", nlohmann::json(expected).dump());
   }
 
+  bool in_scope(std::string_view name) const {
+    return scope_ == ReadScope::All || !name.starts_with(optimizer_prefix);
+  }
+
   const ShardedTensor& find(std::string_view name) const {
     const ShardedTensor* spec = manifest_.find(name);
     if (!spec) throw CheckpointError(dsp::detail::concat(dir_.string(), ": no tensor ", name));
+    if (!in_scope(name))
+      throw CheckpointError(dsp::detail::concat(dir_.string(), ": tensor ", name,
+                                                " is optimizer state, and this reader was opened for the model only"));
     return *spec;
   }
 
@@ -180,6 +204,7 @@ class CheckpointReader {
   }
 
   std::filesystem::path dir_;
+  ReadScope scope_;
   Manifest manifest_;
   std::vector<SafetensorsFile> files_;
   std::map<std::string, std::vector<Piece>, std::less<>> pieces_;  // tensor -> its pieces, by TP rank and begin
@@ -228,11 +253,15 @@ inline Manifest load_into(const CheckpointReader& reader, const State& state, in
   return reader.manifest();
 }
 
-/// load_into from the checkpoint in `dir`; throws as load_into and, for an invalid checkpoint,
-/// as CheckpointReader (after check_state).
+/// load_into from the checkpoint in `dir`, opening only the files the state needs: a state
+/// without optimizer state (names starting with optimizer_prefix) reads the checkpoint with
+/// ReadScope::Model. Throws as load_into and, for an invalid checkpoint, as CheckpointReader
+/// (after check_state).
 inline Manifest load_into(const std::filesystem::path& dir, const State& state, int tp_size, int tp_rank) {
   check_state(state, tp_size, tp_rank);
-  return load_into(CheckpointReader(dir), state, tp_size, tp_rank);
+  const bool optimizer = std::any_of(state.begin(), state.end(),
+                                     [](const ShardEntry& e) { return e.spec.name.starts_with(optimizer_prefix); });
+  return load_into(CheckpointReader(dir, optimizer ? ReadScope::All : ReadScope::Model), state, tp_size, tp_rank);
 }
 
 }  // namespace dsp::checkpoint

@@ -253,26 +253,28 @@ inline Manifest read_manifest(const std::filesystem::path& dir) {
   return m;
 }
 
-/// Checks every file the manifest lists, in `dir`, against its recorded size and CRC-32. Throws
-/// CheckpointError naming the file when it is missing, or has another size or checksum (the
-/// message gives the manifest's value and the file's).
+/// Checks the file `name` of the checkpoint in `dir` against its manifest record's size and
+/// CRC-32. Throws CheckpointError naming the file when it is missing, or has another size or
+/// checksum (the message gives the manifest's value and the file's).
+inline void verify_file(const std::filesystem::path& dir, const std::string& name, const FileRecord& record) {
+  const std::filesystem::path path = dir / name;
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec))
+    throw CheckpointError(dsp::detail::concat(path.string(), ": listed in ", manifest_file_name, " but missing"));
+  const std::uint64_t size = size_of_file(path);
+  if (size != record.size)
+    throw CheckpointError(dsp::detail::concat(path.string(), ": size is ", size, " bytes, ", manifest_file_name,
+                                              " expects ", record.size, " (truncated or overwritten)"));
+  const FileDigest digest = digest_file(path);
+  if (digest.crc32 != record.crc32)
+    throw CheckpointError(dsp::detail::concat(path.string(), ": crc32 is ", crc32_hex(digest.crc32), ", ",
+                                              manifest_file_name, " expects ", crc32_hex(record.crc32),
+                                              " (corrupted)"));
+}
+
+/// verify_file for every file the manifest lists.
 inline void verify_files(const std::filesystem::path& dir, const Manifest& m) {
-  for (const auto& [name, record] : m.files) {
-    const std::filesystem::path path = dir / name;
-    std::error_code ec;
-    if (!std::filesystem::exists(path, ec))
-      throw CheckpointError(
-          dsp::detail::concat(path.string(), ": listed in ", manifest_file_name, " but missing"));
-    const std::uint64_t size = size_of_file(path);
-    if (size != record.size)
-      throw CheckpointError(dsp::detail::concat(path.string(), ": size is ", size, " bytes, ", manifest_file_name,
-                                                " expects ", record.size, " (truncated or overwritten)"));
-    const FileDigest digest = digest_file(path);
-    if (digest.crc32 != record.crc32)
-      throw CheckpointError(dsp::detail::concat(path.string(), ": crc32 is ", crc32_hex(digest.crc32), ", ",
-                                                manifest_file_name, " expects ", crc32_hex(record.crc32),
-                                                " (corrupted)"));
-  }
+  for (const auto& [name, record] : m.files) verify_file(dir, name, record);
 }
 
 /// read_manifest + verify_files: the manifest of `dir`, every file it lists verified before

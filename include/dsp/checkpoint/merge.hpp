@@ -111,15 +111,15 @@ inline std::vector<std::pair<std::string, Tensor>> hugging_face_tensors(const Sh
   return out;
 }
 
-/// Writes the checkpoint in `dir` (verified first) to `out_dir` as model.safetensors +
-/// config.json, atomically (an existing `out_dir` is replaced only on success), the tensors in
-/// global_model_order whatever layout the checkpoint was saved at (any TP and PP). Tensors
-/// whose name starts with optimizer_prefix are left out. Memory: every parameter's global
-/// tensor. Throws CheckpointError when the checkpoint
-/// is invalid (see CheckpointReader), a fused tensor's parts do not fit, two tensors end up with
-/// the same name, or writing fails.
+/// Writes the checkpoint in `dir` (its model files verified first) to `out_dir` as
+/// model.safetensors + config.json, atomically (an existing `out_dir` is replaced only on
+/// success), the tensors in global_model_order whatever layout the checkpoint was saved at (any
+/// TP and PP). Tensors whose name starts with optimizer_prefix are left out (ReadScope::Model:
+/// their partition files are not read). Memory: every parameter's global tensor. Throws
+/// CheckpointError when the checkpoint is invalid (see CheckpointReader), a fused tensor's parts
+/// do not fit, two tensors end up with the same name, or writing fails.
 inline void merge(const std::filesystem::path& dir, const std::filesystem::path& out_dir) {
-  const CheckpointReader reader(dir);
+  const CheckpointReader reader(dir, ReadScope::Model);
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (const ShardedTensor& spec : global_model_order(reader.manifest().tensors)) {
     if (spec.name.starts_with(optimizer_prefix)) continue;

@@ -16,6 +16,7 @@
 // every split and which elements each file holds; each rank reads the parameters of the layers
 // it holds and exactly the moment elements it owns (at another TP size, from the assembled
 // global tensor).
+#include <algorithm>
 #include <deque>
 #include <filesystem>
 #include <optional>
@@ -178,13 +179,18 @@ void save_checkpoint(const std::filesystem::path& dir, Trainer<Policy>& t) {
 /// Resumes from `dir` (saved at any TP, PP, DP and expert-parallel size and ZeRO stage):
 /// parameters, moments (each rank reads the elements it owns), optimizer step, data position
 /// and the loss scaler's state (when both runs scale the loss). Throws CheckpointError for a
-/// missing, truncated or corrupted checkpoint or one of another model config or seed.
+/// missing, truncated or corrupted checkpoint, one of another model config or seed, or one
+/// without optimizer state.
 template <class Policy>
 void load_checkpoint(const std::filesystem::path& dir, Trainer<Policy>& t) {
   const checkpoint::Manifest m = checkpoint::read_manifest(dir);  // the reader verifies every file
   checkpoint::check_model_config(dir, m, t.model_config());
   DSP_CHECK_AS(CheckpointError, m.meta.extra.contains("sampler") && m.meta.extra.value("seed", std::uint64_t{0}) == t.config().seed,
                "checkpoint ", dir.string(), " holds no training state for seed ", t.config().seed);
+  DSP_CHECK_AS(CheckpointError, std::any_of(m.tensors.begin(), m.tensors.end(), [](const ShardedTensor& s) {
+                 return s.name.starts_with(checkpoint::optimizer_prefix);
+               }), "checkpoint ", dir.string(), " holds no optimizer state (a serving checkpoint, as dsp-reshard ",
+               "--no-save-optim writes): resume from a checkpoint training saved");
   const checkpoint::CheckpointReader reader(dir);
   auto& opt = t.optimizer();
   const int tp = t.mesh().tp_size(), tp_rank = t.mesh().tp_rank();
