@@ -22,7 +22,14 @@ namespace samples {
 
 using HostPolicy = dsp::Policy<dsp::backend::Host, dsp::comm::ThreadComm>;
 
-std::vector<std::string> with_config_file(int argc, char** argv, const CLI::App& app);
+/// The arguments to parse: the config file's as flags, then the command line's.
+struct Arguments {
+  std::vector<std::string> args;
+  std::string config_path;                ///< empty without --config
+  std::vector<std::string> config_flags;  ///< the flags the file sets and the command line does not
+};
+
+Arguments with_config_file(int argc, char** argv, const CLI::App& app);
 
 /// A CLI11 check that a numeric option is at least `min`: "--log-interval: must be >= 1, got 0"
 /// (CLI11's own Range prints the type's whole range). A value that does not parse is left to
@@ -42,20 +49,34 @@ inline CLI::Validator at_least(double min) {
 
 /// Parses the command line (with --config FILE merged in, see with_config_file) and runs body;
 /// a dsp or standard error becomes "error: <message>" on stderr and exit code 1, a
-/// command-line error CLI11's message and its exit code.
+/// command-line error CLI11's message and its exit code (naming the config file when a value
+/// from it does not convert or validate).
 template <class Body>
 int run_main(CLI::App& app, int argc, char** argv, Body body) {
+  Arguments arguments;
   try {
     std::string config_path;
     app.add_option("--config", config_path, "JSON file of flag values (flags on the command line win)");
     for (CLI::Option* opt : app.get_options(std::function<bool(CLI::Option*)>{}))  // a flag after the config file's value wins
       if (opt->get_expected_max() <= 1) opt->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-    auto args = with_config_file(argc, argv, app);
+    arguments = with_config_file(argc, argv, app);
+    std::vector<std::string> args = arguments.args;
     std::reverse(args.begin(), args.end());  // CLI11 takes the vector form in reverse order
     app.parse(args);
     body();
     return 0;
   } catch (const CLI::ParseError& e) {
+    // A value from the config file that does not convert or validate: name the file.
+    const std::string what = e.what();
+    const bool value_error = dynamic_cast<const CLI::ConversionError*>(&e) || dynamic_cast<const CLI::ValidationError*>(&e);
+    for (const std::string& flag : arguments.config_flags) {
+      const std::size_t at = what.find(flag);
+      const std::size_t end = at + flag.size();
+      if (value_error && at != std::string::npos && (end == what.size() || what[end] == ' ' || what[end] == ':')) {
+        std::fprintf(stderr, "error: config file '%s': %s\n", arguments.config_path.c_str(), what.c_str());
+        return e.get_exit_code();
+      }
+    }
     return app.exit(e);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
@@ -68,14 +89,14 @@ int run_main(CLI::App& app, int argc, char** argv, Body body) {
 /// into command-line arguments placed before the real ones, so flags override the file.
 /// Throws dsp::InputError for a missing or malformed file, and for a key that is not one of
 /// app's flags (naming the file and the key).
-inline std::vector<std::string> with_config_file(int argc, char** argv, const CLI::App& app) {
+inline Arguments with_config_file(int argc, char** argv, const CLI::App& app) {
   std::vector<std::string> args(argv + 1, argv + argc);
   std::string path;
   for (std::size_t i = 0; i + 1 < args.size(); ++i)
     if (args[i] == "--config") path = args[i + 1];
   for (const auto& a : args)
     if (a.rfind("--config=", 0) == 0) path = a.substr(9);
-  if (path.empty()) return args;
+  if (path.empty()) return {args, {}, {}};
   std::ifstream in(path);
   DSP_CHECK_AS(dsp::InputError, in.good(), "config file '", path, "' cannot be opened");
   nlohmann::json j;
@@ -85,12 +106,14 @@ inline std::vector<std::string> with_config_file(int argc, char** argv, const CL
     throw dsp::InputError(dsp::detail::concat("config file '", path, "' is not valid JSON: ", e.what()));
   }
   DSP_CHECK_AS(dsp::InputError, j.is_object(), "config file '", path, "' must hold a JSON object");
-  std::vector<std::string> from_file;
+  std::vector<std::string> from_file, file_only;
   for (const auto& [key, value] : j.items()) {
     std::string flag = "--" + key;
     std::replace(flag.begin(), flag.end(), '_', '-');
     DSP_CHECK_AS(dsp::InputError, app.get_option_no_throw(flag) != nullptr, "config file '", path, "': ", flag,
                  " is not a flag of this program (see --help)");
+    if (std::none_of(args.begin(), args.end(), [&](const std::string& a) { return a == flag || a.starts_with(flag + "="); }))
+      file_only.push_back(flag);
     if (value.is_boolean()) {
       if (value.get<bool>()) from_file.push_back(flag);
     } else {
@@ -99,7 +122,7 @@ inline std::vector<std::string> with_config_file(int argc, char** argv, const CL
     }
   }
   args.insert(args.begin(), from_file.begin(), from_file.end());
-  return args;
+  return {args, path, file_only};
 }
 
 /// `text` with every two-character sequence "\\n" replaced by a newline.

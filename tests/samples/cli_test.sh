@@ -309,6 +309,16 @@ printf '{"tensor-modle-parallel-size": 2}' >"$work/typo.json"
 expect_fail "a config file key that is no flag" \
   "config file '$work/typo.json': --tensor-modle-parallel-size is not a flag" "$work/m31" -- \
   "$bin/dsp-train" --config "$work/typo.json" "${model[@]}" --metrics-file "$work/m31"
+printf '{"seed": "two"}' >"$work/bad_value.json"
+expect_fail "a config file value that does not convert" \
+  "config file '$work/bad_value.json': Could not convert: --seed = two" "$work/m32" -- \
+  "$bin/dsp-train" --config "$work/bad_value.json" "${model[@]}" --metrics-file "$work/m32"
+printf '{"log-interval": 0}' >"$work/bad_range.json"
+expect_fail "a config file value out of range" \
+  "config file '$work/bad_range.json': --log-interval: must be >= 1, got 0" "$work/m33" -- \
+  "$bin/dsp-train" --config "$work/bad_range.json" "${model[@]}" --metrics-file "$work/m33"
+expect_fail "serving at TP 0" "--tensor-model-parallel-size: must be >= 1, got 0" "" -- \
+  "$bin/dsp-generate" --load "$work/ckpt" --tensor-model-parallel-size 0 --prompt "A"
 expect_fail "resume from a serving checkpoint" "holds no optimizer state" "" -- \
   "$bin/dsp-train" --world-size 2 --tensor-model-parallel-size 2 "${model[@]}" --load "$work/serve_tp4"
 expect_fail "resume with truncated optimizer files" "optim_tp00_pp000_dp000.safetensors: size is 100 bytes" "" -- \
