@@ -93,6 +93,14 @@ class ModelFlags {
     return m;
   }
 
+  /// Whether the command line gives any model flag.
+  bool any_given(const CLI::App& app) const {
+    for (const auto& [name, copy] : fields_)
+      if (app.count(name) > 0) return true;
+    return app.count("--untie-embeddings-and-output-weights") + app.count("--moe-shared-expert-intermediate-size") +
+               app.count("--moe-router-score-function") > 0;
+  }
+
  private:
   using Copy = std::function<void(dsp::model::ModelConfig&, const dsp::model::ModelConfig&)>;
 

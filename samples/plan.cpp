@@ -8,6 +8,7 @@
 //   dsp-plan --model-config samples/configs/plan_60layer.json --num-nodes 2 --gpus-per-node 8 --gpu-memory 80
 //   dsp-plan --model-config samples/configs/plan_64layer_7168.json --num-nodes 8 --global-batch-size 512
 //            --tensor-model-parallel-size 8 --pipeline-model-parallel-size 2 --recompute-granularity selective
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -37,6 +38,36 @@ struct Options {
 
 double gb(std::int64_t bytes) { return double(bytes) / 1e9; }
 
+/// A decimal unit of bytes for a table whose largest entry is `largest` bytes: GB unless that
+/// is below 1 GB, then MB or kB, so that a small model's figures do not print as zeros.
+struct ByteUnit {
+  const char* name;
+  double bytes;
+  const char* bytes_text;
+};
+ByteUnit unit_for(double largest) {
+  if (largest >= 1e9) return {"GB", 1e9, "1e9"};
+  if (largest >= 1e6) return {"MB", 1e6, "1e6"};
+  return {"kB", 1e3, "1e3"};
+}
+
+/// "127.9 GB", "3.3 MB": bytes in the unit unit_for picks for them.
+std::string bytes_str(double bytes) {
+  const ByteUnit u = unit_for(bytes);
+  char s[32];
+  std::snprintf(s, sizeof s, "%.1f %s", bytes / u.bytes, u.name);
+  return s;
+}
+
+/// "63.94 B", "0.82 M", "5000": a parameter count in billions or millions, whole below a million.
+std::string count_str(std::int64_t n) {
+  char s[32];
+  if (n >= 1'000'000'000) std::snprintf(s, sizeof s, "%.2f B", double(n) / 1e9);
+  else if (n >= 1'000'000) std::snprintf(s, sizeof s, "%.2f M", double(n) / 1e6);
+  else std::snprintf(s, sizeof s, "%lld", (long long)n);
+  return s;
+}
+
 std::string layout_str(const dsp::ParallelLayout& l) {
   return "TP" + std::to_string(l.tensor) + " x PP" + std::to_string(l.pipeline) + " x DP" + std::to_string(l.data) +
          (l.expert > 1 ? " (EP" + std::to_string(l.expert) + ")" : "");
@@ -63,7 +94,8 @@ void print_model(const dsp::model::ModelConfig& c) {
                 (long long)c.moe_router_topk, (long long)c.moe_ffn_hidden_size, (long long)c.num_shared_experts,
                 (long long)c.first_k_dense_replace);
   const auto n = c.num_parameters();
-  std::printf("\n       %.2f B parameters = %.1f GB in bf16, %.1f GB in fp32\n", double(n) / 1e9, gb(2 * n), gb(4 * n));
+  std::printf("\n       %s parameters = %s in bf16, %s in fp32\n", count_str(n).c_str(), bytes_str(2.0 * double(n)).c_str(),
+              bytes_str(4.0 * double(n)).c_str());
 }
 
 void print_ledgers(const dsp::plan::TrainingPlan& plan, const dsp::plan::TrainingPrediction& t,
@@ -81,8 +113,8 @@ void print_ledgers(const dsp::plan::TrainingPlan& plan, const dsp::plan::Trainin
               plan.model.use_flash_attn ? ", flash attention" : "", 100.0 * t.bubble);
   for (const auto& r : t.ranks)
     if (L.pipeline > 1 && (r.pipeline_rank == 0 || r.pipeline_rank == L.pipeline - 1))
-      std::printf("  PP rank %d: %s; %.2f B parameters per rank; in flight: %d micro-batch(es)\n", r.pipeline_rank,
-                  chunks_str(r.chunks).c_str(), double(r.elements.total()) / 1e9, r.in_flight);
+      std::printf("  PP rank %d: %s; %s parameters per rank; in flight: %d micro-batch(es)\n", r.pipeline_rank,
+                  chunks_str(r.chunks).c_str(), count_str(r.elements.total()).c_str(), r.in_flight);
   std::printf("serving: TP%d on one stage, batch %lld x %lld tokens, %s weights and KV cache\n\n", sp.tensor,
               (long long)sp.batch, (long long)sp.tokens(), sp.dtype_bytes == 2 ? "16-bit" : "fp32");
 
@@ -93,7 +125,10 @@ void print_ledgers(const dsp::plan::TrainingPlan& plan, const dsp::plan::Trainin
   const int other = worst == 0 ? L.pipeline - 1 : 0;
   if (other != worst) cols.emplace_back("train PP rank " + std::to_string(other), t.ranks[std::size_t(other)].bytes);
   cols.emplace_back("serve TP" + std::to_string(sp.tensor), s);
-  std::printf("per-rank memory, GB (1e9 B)  ");
+  double largest = 0;
+  for (const auto& [_, m] : cols) largest = std::max(largest, double(m.total()));
+  const ByteUnit unit = unit_for(largest);
+  std::printf("per-rank memory, %s (%s B)  ", unit.name, unit.bytes_text);
   for (const auto& [name, _] : cols) std::printf("%24s", name.c_str());
   std::printf("\n");
   auto row = [&](const char* label, auto field, bool serving_too) {
@@ -101,7 +136,7 @@ void print_ledgers(const dsp::plan::TrainingPlan& plan, const dsp::plan::Trainin
     for (std::size_t i = 0; i < cols.size(); ++i) {
       const bool is_serving = i + 1 == cols.size();
       if (is_serving && !serving_too) std::printf("%24s", "-");
-      else std::printf("%24.2f", gb(field(cols[i].second)));
+      else std::printf("%24.2f", double(field(cols[i].second)) / unit.bytes);
     }
     std::printf("\n");
   };
@@ -123,18 +158,19 @@ void print_ledgers(const dsp::plan::TrainingPlan& plan, const dsp::plan::Trainin
   const dsp::plan::MicroBatch mb = plan.micro_batch();
   const std::int64_t first_layer = t.worst_rank().chunks.front().first_layer;
   auto dsp_layer = [&](dsp::plan::RecomputeGranularity g) {
-    return gb(dsp::plan::dsp_layer_activation_bytes(c, L.tensor, L.expert, first_layer, mb,
-                                                    dsp::plan::activation_bytes(plan.precision), g));
+    return double(dsp::plan::dsp_layer_activation_bytes(c, L.tensor, L.expert, first_layer, mb,
+                                                        dsp::plan::activation_bytes(plan.precision), g));
   };
   auto field = [&](dsp::plan::RecomputeGranularity g) {
-    return dsp::plan::korthikanti_layer_bytes(mb.seq, mb.batch, c.hidden_size, c.num_attention_heads, L.tensor, g) / 1e9;
+    return double(dsp::plan::korthikanti_layer_bytes(mb.seq, mb.batch, c.hidden_size, c.num_attention_heads, L.tensor, g));
   };
   using G = dsp::plan::RecomputeGranularity;
-  std::printf("\nactivations of one layer and micro-batch, GB, none / selective / full recomputation:\n"
+  const ByteUnit a = unit_for(std::max(dsp_layer(G::None), field(G::None)));
+  std::printf("\nactivations of one layer and micro-batch, %s, none / selective / full recomputation:\n"
               "  dsp (its layers' saved state)                          %.3f / %.3f / %.3f\n"
               "  Korthikanti et al. 2022 eq. 2 (16-bit, TP%d, no SP)     %.3f / %.3f / %.3f\n",
-              dsp_layer(G::None), dsp_layer(G::Selective), dsp_layer(G::Full), L.tensor, field(G::None),
-              field(G::Selective), field(G::Full));
+              a.name, dsp_layer(G::None) / a.bytes, dsp_layer(G::Selective) / a.bytes, dsp_layer(G::Full) / a.bytes,
+              L.tensor, field(G::None) / a.bytes, field(G::Selective) / a.bytes, field(G::Full) / a.bytes);
 }
 
 void print_recommendations(const std::vector<dsp::plan::Recommendation>& recs, const dsp::plan::Cluster& cl, int limit) {
@@ -175,7 +211,7 @@ int main(int argc, char** argv) {
       ->delimiter(',');
   app.add_option("--micro-batch-size", o.plan.micro_batch_size, "sequences per micro-batch");
   app.add_option("--global-batch-size", o.plan.global_batch_size, "sequences per step (default: micro-batch-size x world size)");
-  app.add_option("--precision", o.precision, "fp32 (what dsp-train runs today), bf16 or fp16 mixed precision")
+  app.add_option("--precision", o.precision, "fp32, or bf16 or fp16 mixed precision (dsp-train's --bf16 / --fp16)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   app.add_option("--zero-stage", o.plan.zero_stage, "ZeRO stage 0-3 (optimizer state, + gradients, + parameters sharded over DP)")
       ->check(CLI::Range(0, 3));
@@ -209,6 +245,8 @@ int main(int argc, char** argv) {
     } else {
       m = o.model_flags.config(app);
     }
+    if (o.model_config.empty() && !o.model_flags.any_given(app))
+      std::printf("no --model-config or model flags given: planning dsp-train's default model\n");
     print_model(m);
 
     plan::TrainingPlan base = o.plan;

@@ -3,6 +3,7 @@
 #  - a 60-layer model of ~128 GB bf16 weights on 2 nodes x 8 GPUs x 80 GB: per-rank training and
 #    serving memory, a layout (TP8 x PP2, full recomputation) and ranked recommendations;
 #  - a 64-layer model (hidden 7168, 56 heads) on 8 nodes x 8 GPUs, global batch 512: TP8 x PP2 x DP4;
+#  - no model flags: dsp-train's default model, said so, its figures in MB (not 0.00 GB);
 #  - TP 16 with 56 heads, PP 8 with 60 layers and no split, global batch 512 with micro 3 x DP 4:
 #    each rejected with its numbers on stderr and a non-zero exit.
 # Usage: plan_test.sh BIN_DIR CONFIG_DIR
@@ -61,6 +62,11 @@ expect_ok "64-layer example, layout given" "layout: TP8 x PP2 x DP4 = 64 ranks" 
 expect_ok "explicit layer split" "PP rank 0: layers 0-7 + embedding" "PP rank 7: layers 53-59 + output layer" -- \
   "$bin/dsp-plan" "${a[@]}" --num-nodes 2 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 8 \
   --pipeline-layer-split 8,8,8,8,7,7,7,7
+
+expect_ok "no model flags: dsp-train's default model, in units that show it" \
+  "planning dsp-train's default model" "557696 parameters = 1.1 MB in bf16, 2.2 MB in fp32" "per-rank memory, MB (1e6 B)" -- \
+  "$bin/dsp-plan"
+grep -E '^  total' "$work/out" | grep -qE ' [1-9][0-9]*\.[0-9]{2} ' || fail "default model: total shows no non-zero MB figure"
 
 expect_fail "TP does not divide the heads" \
   "number of attention heads (56) is not divisible by tensor-model-parallel-size (16)" -- \
