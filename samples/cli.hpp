@@ -26,7 +26,7 @@ using HostPolicy = dsp::Policy<dsp::backend::Host, dsp::comm::ThreadComm>;
 struct Arguments {
   std::vector<std::string> args;
   std::string config_path;                ///< empty without --config
-  std::vector<std::string> config_flags;  ///< the flags the file sets and the command line does not
+  std::vector<std::string> config_flags;  ///< the flags whose values come from the file
 };
 
 Arguments with_config_file(int argc, char** argv, const CLI::App& app);
@@ -66,13 +66,14 @@ int run_main(CLI::App& app, int argc, char** argv, Body body) {
     body();
     return 0;
   } catch (const CLI::ParseError& e) {
-    // A value from the config file that does not convert or validate: name the file.
+    // A value from the config file that does not convert or validate: name the file. CLI11
+    // puts the flag's name first ("--x: ...", "Could not convert: --x = ...") or last ("... is
+    // not an allowed value for --x").
     const std::string what = e.what();
     const bool value_error = dynamic_cast<const CLI::ConversionError*>(&e) || dynamic_cast<const CLI::ValidationError*>(&e);
     for (const std::string& flag : arguments.config_flags) {
-      const std::size_t at = what.find(flag);
-      const std::size_t end = at + flag.size();
-      if (value_error && at != std::string::npos && (end == what.size() || what[end] == ' ' || what[end] == ':')) {
+      if (value_error && (what.starts_with(flag + ": ") || what.starts_with("Could not convert: " + flag + " = ") ||
+                          what.ends_with(" for " + flag))) {
         std::fprintf(stderr, "error: config file '%s': %s\n", arguments.config_path.c_str(), what.c_str());
         return e.get_exit_code();
       }
@@ -86,9 +87,10 @@ int run_main(CLI::App& app, int argc, char** argv, Body body) {
 
 /// Turns a JSON config file ({"tensor-model-parallel-size": 2, "lr": 1e-3, "untie-embeddings-
 /// and-output-weights": true, ...}; keys are the flags' long names, '_' accepted for '-')
-/// into command-line arguments placed before the real ones, so flags override the file.
-/// Throws dsp::InputError for a missing or malformed file, and for a key that is not one of
-/// app's flags (naming the file and the key).
+/// into command-line arguments placed before the real ones, so flags override the file: the
+/// file's value of a single-value flag the command line also gives is left out (CLI11 would
+/// still validate it). Throws dsp::InputError for a missing or malformed file, and for a key
+/// that is not one of app's flags (naming the file and the key).
 inline Arguments with_config_file(int argc, char** argv, const CLI::App& app) {
   std::vector<std::string> args(argv + 1, argv + argc);
   std::string path;
@@ -106,14 +108,17 @@ inline Arguments with_config_file(int argc, char** argv, const CLI::App& app) {
     throw dsp::InputError(dsp::detail::concat("config file '", path, "' is not valid JSON: ", e.what()));
   }
   DSP_CHECK_AS(dsp::InputError, j.is_object(), "config file '", path, "' must hold a JSON object");
-  std::vector<std::string> from_file, file_only;
+  std::vector<std::string> from_file, flags;
   for (const auto& [key, value] : j.items()) {
     std::string flag = "--" + key;
     std::replace(flag.begin(), flag.end(), '_', '-');
-    DSP_CHECK_AS(dsp::InputError, app.get_option_no_throw(flag) != nullptr, "config file '", path, "': ", flag,
+    const CLI::Option* option = app.get_option_no_throw(flag);
+    DSP_CHECK_AS(dsp::InputError, option != nullptr, "config file '", path, "': ", flag,
                  " is not a flag of this program (see --help)");
-    if (std::none_of(args.begin(), args.end(), [&](const std::string& a) { return a == flag || a.starts_with(flag + "="); }))
-      file_only.push_back(flag);
+    const bool on_command_line =
+        std::any_of(args.begin(), args.end(), [&](const std::string& a) { return a == flag || a.starts_with(flag + "="); });
+    if (on_command_line && option->get_expected_max() <= 1) continue;
+    flags.push_back(flag);
     if (value.is_boolean()) {
       if (value.get<bool>()) from_file.push_back(flag);
     } else {
@@ -122,7 +127,7 @@ inline Arguments with_config_file(int argc, char** argv, const CLI::App& app) {
     }
   }
   args.insert(args.begin(), from_file.begin(), from_file.end());
-  return {args, path, file_only};
+  return {args, path, flags};
 }
 
 /// `text` with every two-character sequence "\\n" replaced by a newline.

@@ -180,14 +180,17 @@ void print_recommendations(const std::vector<dsp::plan::Recommendation>& recs, c
     std::printf("  none: no layout of this cluster validates for this model and batch\n");
     return;
   }
-  std::printf("  %-3s %-22s %10s %14s %12s %10s %6s\n", "#", "layout", "recompute", "micro-batches", "worst GB",
-              "bubble", "fits");
+  double largest = 0;
+  for (std::size_t i = 0; i < recs.size() && i < std::size_t(limit); ++i) largest = std::max(largest, double(recs[i].peak_bytes()));
+  const ByteUnit unit = unit_for(largest);
+  std::printf("  %-3s %-22s %10s %14s %12s %10s %6s\n", "#", "layout", "recompute", "micro-batches",
+              (std::string("worst ") + unit.name).c_str(), "bubble", "fits");
   int shown = 0;
   for (const auto& r : recs) {
     if (shown++ == limit) break;
     std::printf("  %-3d %-22s %10s %14d %12.2f %9.1f%% %6s\n", shown, layout_str(r.plan.layout).c_str(),
                 dsp::plan::to_string(r.plan.recompute.granularity).c_str(), r.prediction.micro_batches,
-                gb(r.peak_bytes()), 100.0 * r.prediction.bubble, r.fits ? "yes" : "NO");
+                double(r.peak_bytes()) / unit.bytes, 100.0 * r.prediction.bubble, r.fits ? "yes" : "NO");
   }
   if (!recs.front().fits) std::printf("  no layout fits, even with full recomputation: try --zero-stage 1-3\n");
 }

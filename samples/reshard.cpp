@@ -22,10 +22,11 @@ int main(int argc, char** argv) {
   app.add_option("--pipeline-model-parallel-size", pp, "target pipeline size: 1 (the default) only");
   app.add_option("--data-parallel-size", dp, "target data-parallel size (default 1: serving)")
       ->check(samples::at_least(1));
-  app.add_flag("--no-save-optim", no_save_optim,
-               "leave the optimizer state out: a serving checkpoint of a third of the size, which training cannot "
-               "resume from");
-  app.add_flag("--merge", merge, "write one model.safetensors + config.json with Hugging Face names instead");
+  auto* no_optim = app.add_flag("--no-save-optim", no_save_optim,
+                                "leave the optimizer state out: a serving checkpoint of a third of the size, which "
+                                "training cannot resume from");
+  app.add_flag("--merge", merge, "write one model.safetensors + config.json with Hugging Face names instead")
+      ->excludes(no_optim);
   return samples::run_main(app, argc, argv, [&] {
     if (merge) {
       dsp::checkpoint::merge(load, save);

@@ -96,6 +96,13 @@ TEST_CASE("reshard without optimizer state writes the model alone; the model loa
   CHECK_MESSAGE(msg.find(moment + " is optimizer state, and this reader was opened for the model only") !=
                     std::string::npos,
                 msg);
+  // A model-only reader fails a state with moments before writing any of its tensors.
+  RankState with_moments = make_rank_state(specs, nullptr, 2, 0);
+  msg = message_of<dsp::CheckpointError>(
+      [&] { load_into(CheckpointReader(tmp / "full", ReadScope::Model), with_moments.state, 2, 0); });
+  CHECK_MESSAGE(msg.find("is optimizer state") != std::string::npos, msg);
+  for (const Tensor& t : with_moments.locals)
+    CHECK(std::all_of(t.span().begin(), t.span().end(), [](float v) { return v == 0; }));
   msg = message_of<dsp::CheckpointError>([&] { (void)CheckpointReader(tmp / "serve").global_tensor(moment); });
   CHECK_MESSAGE(msg.find("no tensor " + moment) != std::string::npos, msg);
 }

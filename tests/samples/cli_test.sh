@@ -2,7 +2,8 @@
 # End-to-end checks of the command-line programs, each in a new process:
 #  - resume: a run stopped at step 3 and resumed gives exactly the uninterrupted losses;
 #  - served at TP1/TP4 after dsp-reshard: consistent with the training layout (<= 1e-4); training
-#    resumes from the TP4 reshard with exactly the losses of resuming from its source; a serving
+#    resumes from the TP4 and TP1 reshards (at TP4, and at TP1 x DP2 ZeRO 3) with exactly the
+#    losses of resuming from their source; a serving
 #    checkpoint (--no-save-optim) has no optimizer files and generates the same text, and serving
 #    needs no optimizer file (truncated ones are not read); training refuses to resume from either;
 #  - --profile-file: a Chrome trace with communication spans from every rank;
@@ -98,13 +99,19 @@ done
 diff <(tail -n +2 "$work/gen1") <(tail -n +2 "$work/gen4") >/dev/null && ok || fail "TP1 and TP4 greedy generations differ"
 "$bin/dsp-reshard" --load "$work/ckpt" --save "$work/hf" --merge >/dev/null && [ -f "$work/hf/model.safetensors" ] \
   && [ -f "$work/hf/config.json" ] && ok || fail "merge"
-# training resumes from the TP4 reshard (moments in its partition files) exactly as from its source
-for src in ckpt ckpt_tp4; do
-  "$bin/dsp-train" --world-size 4 --tensor-model-parallel-size 4 "${model[@]}" --train-iters 8 --load "$work/$src" \
-    --metrics-file "$work/resume_$src.jsonl" >/dev/null 2>&1 || fail "resume at TP4 from $src"
+# training resumes from the TP4 and TP1 reshards (moments as whole shards in their partition files)
+# exactly as from their source: at TP4, and at TP1 x DP2 with ZeRO 3 (each rank reads its slice)
+for layout in "4 4 0 ckpt_tp4" "2 1 3 ckpt_tp1"; do
+  read -r world tp stage resharded <<<"$layout"
+  for src in ckpt "$resharded"; do
+    "$bin/dsp-train" --world-size "$world" --tensor-model-parallel-size "$tp" --zero-stage "$stage" "${model[@]}" \
+      --train-iters 8 --load "$work/$src" --metrics-file "$work/resume_$src.jsonl" >/dev/null 2>&1 \
+      || fail "resume at TP$tp, ZeRO $stage from $src"
+  done
+  [ -s "$work/resume_ckpt.jsonl" ] && diff <(losses "$work/resume_ckpt.jsonl") <(losses "$work/resume_$resharded.jsonl") \
+    >/dev/null && ok || fail "resuming from $resharded differs from resuming from its source (TP$tp, ZeRO $stage)"
+  rm -f "$work/resume_ckpt.jsonl"
 done
-[ -s "$work/resume_ckpt.jsonl" ] && diff <(losses "$work/resume_ckpt.jsonl") <(losses "$work/resume_ckpt_tp4.jsonl") >/dev/null \
-  && ok || fail "resuming from the resharded checkpoint differs from resuming from its source"
 # a serving checkpoint (--no-save-optim): no optimizer files, the same model files and generations as
 # the TP4 reshard; serving a checkpoint whose optimizer files are broken reads only the model files
 "$bin/dsp-reshard" --load "$work/ckpt" --save "$work/serve_tp4" --tensor-model-parallel-size 4 --no-save-optim \
@@ -317,6 +324,8 @@ printf '{"log-interval": 0}' >"$work/bad_range.json"
 expect_fail "a config file value out of range" \
   "config file '$work/bad_range.json': --log-interval: must be >= 1, got 0" "$work/m33" -- \
   "$bin/dsp-train" --config "$work/bad_range.json" "${model[@]}" --metrics-file "$work/m33"
+"$bin/dsp-train" --config "$work/bad_range.json" "${model[@]}" --log-interval 5 --metrics-file "$work/m34" >/dev/null 2>&1 \
+  && [ -s "$work/m34" ] && ok || fail "a flag on the command line overrides a config file value out of range"
 expect_fail "serving at TP 0" "--tensor-model-parallel-size: must be >= 1, got 0" "" -- \
   "$bin/dsp-generate" --load "$work/ckpt" --tensor-model-parallel-size 0 --prompt "A"
 expect_fail "resume from a serving checkpoint" "holds no optimizer state" "" -- \

@@ -67,6 +67,8 @@ expect_ok "no model flags: dsp-train's default model, in units that show it" \
   "planning dsp-train's default model" "557696 parameters = 1.1 MB in bf16, 2.2 MB in fp32" "per-rank memory, MB (1e6 B)" -- \
   "$bin/dsp-plan"
 grep -E '^  total' "$work/out" | grep -qE ' [1-9][0-9]*\.[0-9]{2} ' || fail "default model: total shows no non-zero MB figure"
+expect_ok "the default model's recommendations in MB" "worst MB" "1   TP1 x PP1 x DP2" -- \
+  "$bin/dsp-plan" --num-nodes 1 --gpus-per-node 2
 
 expect_fail "TP does not divide the heads" \
   "number of attention heads (56) is not divisible by tensor-model-parallel-size (16)" -- \

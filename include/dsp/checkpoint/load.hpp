@@ -37,8 +37,9 @@ namespace dsp::checkpoint {
 /// (twice the model's bytes) and does not depend on their files.
 enum class ReadScope { All, Model };
 
-/// A verified checkpoint directory, read one global tensor at a time (memory: one global
-/// tensor plus one shard at a time, beyond the file headers).
+/// A checkpoint directory whose files (those its ReadScope needs) are verified, read one global
+/// tensor at a time (memory: one global tensor plus one shard at a time, beyond the file
+/// headers).
 class CheckpointReader {
  public:
   /// Loads the manifest (read_manifest, which also checks that partition files tile their
@@ -117,11 +118,13 @@ class CheckpointReader {
 
   /// Throws CheckpointError unless the checkpoint holds `expected.name` split as `expected`:
   /// "checkpoint <dir> has no tensor(s) X", or "checkpoint <dir> has a different model: tensor
-  /// X has shape A, model expects B" (or "is split as ..., model expects ...").
+  /// X has shape A, model expects B" (or "is split as ..., model expects ..."); also when the
+  /// scope leaves X out (as global_tensor).
   void check_matches(const ShardedTensor& expected) const {
     const ShardedTensor* saved = manifest_.find(expected.name);
     if (!saved)
       throw CheckpointError(dsp::detail::concat("checkpoint ", dir_.string(), " has no tensor(s) ", expected.name));
+    find(expected.name);  // throws when the scope leaves it out
     check_same_spec(*saved, expected);
   }
 
@@ -227,13 +230,13 @@ inline GlobalCheckpoint load_global(const std::filesystem::path& dir) {
 }
 
 /// Fills every local tensor of `state` (rank tp_rank of tp_size, any TP the specs allow) with
-/// shard_of(spec, global tensor from the checkpoint, tp_size, tp_rank) and returns the verified
+/// shard_of(spec, global tensor from the checkpoint, tp_size, tp_rank) and returns the
 /// manifest (iteration, extra, model_config for the trainer). A local tensor in a memory space
 /// (device memory) stays there: the values are copied into it. Tensors of the checkpoint that
 /// the state lacks are ignored. All checks happen before any local tensor is written. Throws as
 /// check_state when the state does not fit (tp_size, tp_rank); CheckpointError when the
-/// checkpoint lacks some of the state's tensors (all named) or was saved from a different
-/// model (see CheckpointReader::check_matches).
+/// checkpoint lacks some of the state's tensors (all named), the reader's scope leaves one out,
+/// or it was saved from a different model (see CheckpointReader::check_matches).
 inline Manifest load_into(const CheckpointReader& reader, const State& state, int tp_size, int tp_rank) {
   check_state(state, tp_size, tp_rank);
   std::string missing;

@@ -59,11 +59,11 @@ inline void check_model_config(const std::filesystem::path& dir, const Manifest&
 }
 
 /// Loads the parameters of `m` (any TP size: resharding straight from the manifest);
-/// collective-free, every rank reads what it needs. Throws CheckpointError as load_into and
+/// collective-free, every rank reads what it needs (the model files: ReadScope::Model). Throws CheckpointError as load_into and
 /// check_model_config. Returns the manifest.
 template <class Policy>
 Manifest load_model(const std::filesystem::path& dir, model::CausalLM<Policy>& m) {
-  check_model_config(dir, read_manifest(dir), m.config());  // load_into verifies the files
+  check_model_config(dir, read_manifest(dir), m.config());  // load_into verifies the model files
   return load_into(dir, model_state(m), m.tensor_group().size(), m.tensor_group().rank());
 }
 

@@ -1,6 +1,6 @@
 #pragma once
-// Resharding a checkpoint to another tensor-parallel size: a pure function of the manifest
-// and the target layout. Every global tensor is assembled from the source shards (of every
+// Resharding a checkpoint to another tensor-parallel size: a pure function of the manifest,
+// the target layout and whether the optimizer state is kept. Every global tensor is assembled from the source shards (of every
 // TP rank and pipeline stage) and cut again with shard_of for the target TP; the result is a
 // checkpoint like any other (pipeline 1: the serving layout; training loads a checkpoint at
 // any PP directly), loadable with load_into at the target TP or at any other the specs allow.

@@ -17,8 +17,9 @@
 
 namespace dsp::checkpoint {
 
-/// Names starting with this are optimizer state: saved, loaded and resharded like parameters,
-/// left out of a merged Hugging Face export.
+/// Names starting with this are optimizer state: split like their parameters, saved in
+/// partition files (reshard writes them there too, or drops them), not read by a model-only
+/// load (ReadScope::Model) and left out of a merged Hugging Face export.
 inline constexpr std::string_view optimizer_prefix = "optimizer.";
 
 /// One tensor of a state: its global description and this TP rank's local shard, of shape
