@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The demo: train a TP2 x DP2 model on tiny Shakespeare (4 CPU ranks as threads), save it
-# sharded, reshard it to TP1 and TP4, generate text at both, and check that the served
+# sharded, reshard it to TP1 and TP4 (serving checkpoints: --no-save-optim leaves out the Adam
+# moments, two thirds of the bytes), generate text at both, and check that the served
 # models are the trained one (max |logit diff| <= 1e-4 on 9 prompts of different lengths).
 # Outputs go to $DSP_DEMO_DIR (default out/demo).
 # `scripts/demo.sh pp`: the pipeline demo instead: the same model trained TP2 x PP2, its
@@ -36,7 +37,7 @@ if [ "${1:-}" = moe ]; then
   echo "== 1. train (TP2 x EP2 on 4 ranks: DP2, the experts split over the two DP ranks) =="
   "$bin/dsp-train" --config samples/configs/demo_moe.json --save "$out/ckpt" --metrics-file "$out/metrics.jsonl"
   echo "== 2. reshard to TP1 / EP1, generate, and check against the TP2 x EP2 checkpoint =="
-  "$bin/dsp-reshard" --load "$out/ckpt" --save "$out/ckpt_tp1" --tensor-model-parallel-size 1
+  "$bin/dsp-reshard" --load "$out/ckpt" --save "$out/ckpt_tp1" --tensor-model-parallel-size 1 --no-save-optim
   "$bin/dsp-generate" --load "$out/ckpt_tp1" --prompt "ROMEO:" --max-new-tokens 90 --temperature 0.8 --top-k 40 --seed 1
   "$bin/dsp-consistency-check" --load "$out/ckpt_tp1" --reference "$out/ckpt" --tensor-model-parallel-size 1
   echo "MoE demo finished: checkpoints and metrics in $out"
@@ -51,9 +52,9 @@ start=$(date +%s)
 "$bin/dsp-train" --config samples/configs/demo.json --save "$out/ckpt_tp2" --metrics-file "$out/metrics.jsonl"
 echo "training wall time: $(( $(date +%s) - start )) s"
 
-echo "== 2. reshard TP2 -> TP1 and TP4 =="
-"$bin/dsp-reshard" --load "$out/ckpt_tp2" --save "$out/ckpt_tp1" --tensor-model-parallel-size 1
-"$bin/dsp-reshard" --load "$out/ckpt_tp2" --save "$out/ckpt_tp4" --tensor-model-parallel-size 4
+echo "== 2. reshard TP2 -> TP1 and TP4 (serving checkpoints: the model without the Adam moments) =="
+"$bin/dsp-reshard" --load "$out/ckpt_tp2" --save "$out/ckpt_tp1" --tensor-model-parallel-size 1 --no-save-optim
+"$bin/dsp-reshard" --load "$out/ckpt_tp2" --save "$out/ckpt_tp4" --tensor-model-parallel-size 4 --no-save-optim
 
 echo "== 3. generate at TP1 and TP4 (all prompts of a call in one batch, KV cache) =="
 "$bin/dsp-generate" --load "$out/ckpt_tp1" --prompt "ROMEO:" --prompt "First Citizen:\nBefore we proceed" \
