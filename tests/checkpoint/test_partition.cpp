@@ -30,7 +30,7 @@ namespace {
 
 constexpr int tp = 2, dp = 3;
 
-bool is_moment(const ShardedTensor& s) { return s.name.starts_with(optimizer_prefix); }
+bool is_moment(const ShardedTensor& s) { return is_optimizer_state(s.name); }
 
 // [begin, end) of each moment's TP shard that DP rank d writes: zero::shard_range by default.
 using RangeOf = std::function<ElementRange(std::int64_t numel, int d)>;

@@ -42,7 +42,7 @@ TEST_CASE("reshard TP2 -> TP4 -> TP1 is exact and keeps model_config, iteration 
     const auto optim = read_safetensors(tmp.path / "tp4" / partition_file_name(r, 0, 0));
     CHECK(model.entries().size() + optim.entries().size() == specs.size());
     for (const ShardedTensor& s : specs) {
-      const bool moment = s.name.starts_with(optimizer_prefix);
+      const bool moment = is_optimizer_state(s.name);
       const auto& file = moment ? optim : model;
       REQUIRE_MESSAGE(file.contains(s.name), s.name, " rank ", r);
       Tensor shard = dsp::shard_of(s, globals.at(s.name), 4, r);
@@ -61,7 +61,7 @@ TEST_CASE("reshard TP2 -> TP4 -> TP1 is exact and keeps model_config, iteration 
 /// The specs and global tensors of fake_specs() without the optimizer's.
 std::vector<ShardedTensor> model_specs() {
   auto specs = fake_specs();
-  std::erase_if(specs, [](const ShardedTensor& s) { return s.name.starts_with(optimizer_prefix); });
+  std::erase_if(specs, [](const ShardedTensor& s) { return is_optimizer_state(s.name); });
   return specs;
 }
 

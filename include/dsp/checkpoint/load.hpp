@@ -111,8 +111,6 @@ class CheckpointReader {
 
   /// The manifest (every file the scope needs verified).
   const Manifest& manifest() const { return manifest_; }
-  /// The tensors this reader serves.
-  ReadScope scope() const { return scope_; }
   /// The checkpoint directory.
   const std::filesystem::path& dir() const { return dir_; }
 
@@ -182,7 +180,7 @@ class CheckpointReader {
   }
 
   bool in_scope(std::string_view name) const {
-    return scope_ == ReadScope::All || !name.starts_with(optimizer_prefix);
+    return scope_ == ReadScope::All || !is_optimizer_state(name);
   }
 
   const ShardedTensor& find(std::string_view name) const {
@@ -262,8 +260,8 @@ inline Manifest load_into(const CheckpointReader& reader, const State& state, in
 /// (after check_state).
 inline Manifest load_into(const std::filesystem::path& dir, const State& state, int tp_size, int tp_rank) {
   check_state(state, tp_size, tp_rank);
-  const bool optimizer = std::any_of(state.begin(), state.end(),
-                                     [](const ShardEntry& e) { return e.spec.name.starts_with(optimizer_prefix); });
+  const bool optimizer =
+      std::any_of(state.begin(), state.end(), [](const ShardEntry& e) { return is_optimizer_state(e.spec.name); });
   return load_into(CheckpointReader(dir, optimizer ? ReadScope::All : ReadScope::Model), state, tp_size, tp_rank);
 }
 

@@ -68,7 +68,7 @@ inline ModelOrderKey model_order_key(std::string_view name) {
 /// same model saved on one stage lists them in.
 inline std::vector<ShardedTensor> global_model_order(std::vector<ShardedTensor> specs) {
   const auto key = [](std::string_view name) {
-    const bool optimizer = name.starts_with(optimizer_prefix);
+    const bool optimizer = is_optimizer_state(name);
     if (optimizer) {  // "optimizer.<moment>.<parameter>": placed by the parameter
       name.remove_prefix(optimizer_prefix.size());
       name.remove_prefix(std::min(name.size(), name.find('.') + 1));
@@ -122,7 +122,7 @@ inline void merge(const std::filesystem::path& dir, const std::filesystem::path&
   const CheckpointReader reader(dir, ReadScope::Model);
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (const ShardedTensor& spec : global_model_order(reader.manifest().tensors)) {
-    if (spec.name.starts_with(optimizer_prefix)) continue;
+    if (is_optimizer_state(spec.name)) continue;
     for (auto& piece : hugging_face_tensors(spec, reader.global_tensor(spec.name)))
       tensors.push_back(std::move(piece));
   }

@@ -59,8 +59,8 @@ inline void check_model_config(const std::filesystem::path& dir, const Manifest&
 }
 
 /// Loads the parameters of `m` (any TP size: resharding straight from the manifest);
-/// collective-free, every rank reads what it needs (the model files: ReadScope::Model). Throws CheckpointError as load_into and
-/// check_model_config. Returns the manifest.
+/// collective-free, every rank reads what it needs (the model files: ReadScope::Model). Throws
+/// CheckpointError as load_into and check_model_config. Returns the manifest.
 template <class Policy>
 Manifest load_model(const std::filesystem::path& dir, model::CausalLM<Policy>& m) {
   check_model_config(dir, read_manifest(dir), m.config());  // load_into verifies the model files

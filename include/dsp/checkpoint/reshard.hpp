@@ -1,7 +1,8 @@
 #pragma once
 // Resharding a checkpoint to another tensor-parallel size: a pure function of the manifest,
-// the target layout and whether the optimizer state is kept. Every global tensor is assembled from the source shards (of every
-// TP rank and pipeline stage) and cut again with shard_of for the target TP; the result is a
+// the target layout and whether the optimizer state is kept. Every global tensor is assembled
+// from the source shards (of every TP rank and pipeline stage) and cut again with shard_of for
+// the target TP; the result is a
 // checkpoint like any other (pipeline 1: the serving layout; training loads a checkpoint at
 // any PP directly), loadable with load_into at the target TP or at any other the specs allow.
 // The tensors are written in global_model_order, so the result does not depend on the
@@ -49,7 +50,7 @@ inline void reshard(const std::filesystem::path& src_dir, const std::filesystem:
   DSP_CHECK_AS(ConfigError, target_tp >= 1 && target_dp >= 1, "cannot reshard ", src_dir.string(), " to TP ",
                target_tp, " / DP ", target_dp, ": sizes must be >= 1");
   const bool keep = optimizer == OptimizerState::Keep;
-  const auto written = [&](const ShardedTensor& spec) { return keep || !spec.name.starts_with(optimizer_prefix); };
+  const auto written = [&](const ShardedTensor& spec) { return keep || !is_optimizer_state(spec.name); };
   for (const ShardedTensor& spec : read_manifest(src_dir).tensors) {
     if (!written(spec)) continue;
     try {
@@ -82,7 +83,7 @@ inline void reshard(const std::filesystem::path& src_dir, const std::filesystem:
     Partition moments;
     for (const ShardedTensor& spec : specs) {
       Tensor& shard = shards.emplace_back(shard_of(spec, globals.at(spec.name), target_tp, rank));
-      if (spec.name.starts_with(optimizer_prefix))
+      if (is_optimizer_state(spec.name))
         moments.push_back({spec, 0, shard.span()});
       else
         model.push_back({spec, &shard});

@@ -22,6 +22,9 @@ namespace dsp::checkpoint {
 /// load (ReadScope::Model) and left out of a merged Hugging Face export.
 inline constexpr std::string_view optimizer_prefix = "optimizer.";
 
+/// Whether the tensor called `name` is optimizer state (its name starts with optimizer_prefix).
+inline bool is_optimizer_state(std::string_view name) { return name.starts_with(optimizer_prefix); }
+
 /// One tensor of a state: its global description and this TP rank's local shard, of shape
 /// spec.local_shape(tp_size). The tensor is owned by the model; saving reads it, loading
 /// overwrites it.

@@ -187,9 +187,10 @@ void load_checkpoint(const std::filesystem::path& dir, Trainer<Policy>& t) {
   checkpoint::check_model_config(dir, m, t.model_config());
   DSP_CHECK_AS(CheckpointError, m.meta.extra.contains("sampler") && m.meta.extra.value("seed", std::uint64_t{0}) == t.config().seed,
                "checkpoint ", dir.string(), " holds no training state for seed ", t.config().seed);
-  DSP_CHECK_AS(CheckpointError, std::any_of(m.tensors.begin(), m.tensors.end(), [](const ShardedTensor& s) {
-                 return s.name.starts_with(checkpoint::optimizer_prefix);
-               }), "checkpoint ", dir.string(), " holds no optimizer state (a serving checkpoint, as dsp-reshard ",
+  DSP_CHECK_AS(CheckpointError,
+               std::any_of(m.tensors.begin(), m.tensors.end(),
+                           [](const ShardedTensor& s) { return checkpoint::is_optimizer_state(s.name); }),
+               "checkpoint ", dir.string(), " holds no optimizer state (a serving checkpoint, as dsp-reshard ",
                "--no-save-optim writes): resume from a checkpoint training saved");
   const checkpoint::CheckpointReader reader(dir);
   auto& opt = t.optimizer();
