@@ -4,17 +4,28 @@
 // inside a MatmulPrecisionScope), found by argument-dependent lookup on the backend tag; the
 // Host ops come with this header, another backend's with that backend's headers
 // (backend/cuda/gemm.hpp, backend/cuda/gemm_rounded.cuh: with backend::Cuda these ops need a
-// .cu file compiled by nvcc, for gemm_rounded's kernel).
+// .cu file compiled by nvcc, for gemm_rounded's kernel). Inside a BatchInvariantScope
+// (backend/batch_invariance.hpp) the forward runs the backend's gemm_nt_batch_invariant.
 #include <cstdint>
 
+#include "dsp/backend/batch_invariance.hpp"
+#include "dsp/backend/host/gemm_batch_invariant.hpp"
 #include "dsp/backend/matmul_precision.hpp"
 
 namespace dsp::backend {
 
-/// y [tokens, out] = x [tokens, in] * w[out, in]^T. Overwrites y.
+/// y [tokens, out] = x [tokens, in] * w[out, in]^T. Overwrites y. In a BatchInvariantScope
+/// each row of y depends on its row of x alone, bitwise (fp32 only: throws Error inside a
+/// 16-bit MatmulPrecisionScope, which serving does not open).
 template <class Backend>
 void linear_forward(Backend h, const float* x, const float* w, float* y, std::int64_t tokens, std::int64_t in,
                     std::int64_t out) {
+  if (batch_invariant()) {
+    DSP_CHECK(matmul_precision() == MatmulPrecision::Fp32,
+              "linear_forward: the batch-invariant GEMM multiplies in fp32 only (a 16-bit matmul scope is open)");
+    gemm_nt_batch_invariant(h, tokens, out, in, x, in, w, in, y, out);
+    return;
+  }
   matmul(h, false, true, tokens, out, in, 1.0f, x, in, w, in, 0.0f, y, out);
 }
 

@@ -11,6 +11,7 @@
 // elements through them is caught; a loop over the raw pointer is not (host loops in library
 // code use span() for that reason).
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <span>
 #include <string_view>
@@ -63,6 +64,9 @@ class MemorySpace {
   /// Starts a new peak measurement (every category and the total) in those counters at the
   /// live bytes; nothing for a space without counters of its own.
   virtual void reset_peak() {}
+  /// Bytes of memory the space has in all (a device's total memory), or nullopt when unknown.
+  /// serve::Engine sizes its KV cache from it (--gpu-memory-utilization). Default: nullopt.
+  virtual std::optional<std::int64_t> capacity_bytes() const { return std::nullopt; }
 };
 
 namespace detail {

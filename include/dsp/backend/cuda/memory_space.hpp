@@ -113,6 +113,13 @@ class CudaMemorySpace final : public MemorySpace {
   /// of whichever device and stream, is counted there).
   std::optional<memory::Snapshot> snapshot() const override { return memory::device_snapshot(); }
   void reset_peak() override { memory::reset_device_peak(); }
+  /// The device's total memory (cudaMemGetInfo).
+  std::optional<std::int64_t> capacity_bytes() const override {
+    const OnDevice on(device_);
+    std::size_t free = 0, total = 0;
+    DSP_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    return static_cast<std::int64_t>(total);
+  }
   Cuda backend() const { return Cuda{stream_}; }
   int device() const { return device_; }
 

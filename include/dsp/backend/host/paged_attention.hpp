@@ -1,0 +1,126 @@
+#pragma once
+// Attention over a paged KV cache on the host (backend/paged_kv.hpp has the layout): a ragged
+// batch of tokens, each of its own sequence and position (prefill chunks and decode tokens of
+// different sequences in one call, no padding), each query reading its sequence's keys
+// 0..position through the block table.
+//
+// Batch invariance: a query's output is computed by the same operations whatever else is in
+// the call and however its sequence's prompt was chunked: scores q . k_j in 8 fixed lanes over
+// head_dim summed by one tree, then in increasing j the maximum, the exponentials and their
+// sum, and sum_j e_j v_j, divided by the sum at the end. So a token's attention output is the
+// same bitwise in a decode batch of 64, alone, in a prefill chunk of 7 or of 64.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "dsp/backend/host/parallel_for.hpp"
+#include "dsp/backend/paged_kv.hpp"
+#include "dsp/core/dtype.hpp"
+#include "dsp/core/error.hpp"
+
+namespace dsp::backend {
+
+namespace detail {
+
+inline float kv_widen(float v) { return v; }
+inline float kv_widen(bf16 v) { return bf16::to_float(v.bits); }
+inline float kv_widen(fp16 v) { return fp16::to_float(v.bits); }
+template <class T>
+T kv_narrow(float v) {
+  if constexpr (std::is_same_v<T, float>) return v;
+  else return T(v);
+}
+
+// q . k over head_dim in 8 lanes (lane l takes elements l, l + 8, ...), summed by a fixed tree.
+inline float paged_dot(const float* q, const float* k, std::int64_t d) {
+  float acc[8] = {};
+  std::int64_t i = 0;
+  for (; i + 8 <= d; i += 8)
+    for (int l = 0; l < 8; ++l) acc[l] = acc[l] + q[i + l] * k[i + l];
+  for (int l = 0; i + l < d; ++l) acc[l] = acc[l] + q[i + l] * k[i + l];
+  return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+}
+
+template <class T>
+void paged_attention_token(const PagedKvLayer& kv, const float* q, std::int32_t position, std::int64_t t,
+                           std::int64_t q_heads, std::int64_t kv_heads, std::int64_t head_dim, float* out,
+                           std::vector<float>& scores, std::vector<float>& key, std::vector<float>& acc) {
+  const T* pool = static_cast<const T*>(kv.pool);
+  const std::int64_t row = 2 * kv_heads * head_dim, group = q_heads / kv_heads, keys = position + 1;
+  const std::int32_t* table = kv.block_tables + static_cast<std::int64_t>(kv.token_seq[t]) * kv.max_blocks;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  scores.resize(static_cast<std::size_t>(keys));
+  key.resize(static_cast<std::size_t>(head_dim));
+  acc.resize(static_cast<std::size_t>(head_dim));
+  for (std::int64_t h = 0; h < q_heads; ++h) {
+    const std::int64_t g = h / group;
+    const float* qh = q + (t * q_heads + h) * head_dim;
+    float top = -INFINITY;
+    for (std::int64_t j = 0; j < keys; ++j) {
+      const T* kj = pool + (static_cast<std::int64_t>(table[j / kv.block_size]) * kv.block_size + j % kv.block_size) * row +
+                    g * head_dim;
+      for (std::int64_t i = 0; i < head_dim; ++i) key[static_cast<std::size_t>(i)] = kv_widen(kj[i]);
+      scores[static_cast<std::size_t>(j)] = paged_dot(qh, key.data(), head_dim) * scale;
+      top = std::max(top, scores[static_cast<std::size_t>(j)]);
+    }
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    float sum = 0.0f;
+    for (std::int64_t j = 0; j < keys; ++j) {
+      const float e = std::exp(scores[static_cast<std::size_t>(j)] - top);
+      sum += e;
+      const T* vj = pool + (static_cast<std::int64_t>(table[j / kv.block_size]) * kv.block_size + j % kv.block_size) * row +
+                    (kv_heads + g) * head_dim;
+      for (std::int64_t i = 0; i < head_dim; ++i) acc[static_cast<std::size_t>(i)] += e * kv_widen(vj[i]);
+    }
+    float* oh = out + (t * q_heads + h) * head_dim;
+    for (std::int64_t i = 0; i < head_dim; ++i) oh[i] = acc[static_cast<std::size_t>(i)] / sum;
+  }
+}
+
+}  // namespace detail
+
+/// Writes the keys and values of a ragged batch, k and v [tokens, kv_heads, head_dim], into
+/// their pool rows kv.slots[t] (rounded to the pool's dtype, to nearest even). Token rows of
+/// one call must be distinct.
+inline void paged_kv_write(Host, const PagedKvLayer& kv, const float* k, const float* v, std::int64_t tokens,
+                           std::int64_t kv_heads, std::int64_t head_dim) {
+  with_kv_cache_type(kv.dtype, [&]<class T>(T) {
+    T* pool = static_cast<T*>(kv.pool);
+    const std::int64_t width = kv_heads * head_dim;
+    for (std::int64_t t = 0; t < tokens; ++t) {
+      T* row = pool + static_cast<std::int64_t>(kv.slots[t]) * 2 * width;
+      for (std::int64_t i = 0; i < width; ++i) {
+        row[i] = detail::kv_narrow<T>(k[t * width + i]);
+        row[width + i] = detail::kv_narrow<T>(v[t * width + i]);
+      }
+    }
+  });
+}
+
+/// out [tokens, q_heads, head_dim] = causal attention of each query q [tokens, q_heads,
+/// head_dim] over its own sequence in the pool: token t of sequence kv.token_seq[t] at
+/// positions[t] attends that sequence's keys at positions 0..positions[t] (which must have been
+/// written, this call's tokens included), scale 1/sqrt(head_dim), query head h reading kv head
+/// h / (q_heads / kv_heads). Batch-invariant (see the header comment). Throws Error for a
+/// q_heads that is not a multiple of kv_heads or a negative position.
+inline void paged_attention_forward(Host h, const PagedKvLayer& kv, const float* q, const std::int32_t* positions,
+                                    std::int64_t tokens, std::int64_t q_heads, std::int64_t kv_heads,
+                                    std::int64_t head_dim, float* out) {
+  DSP_CHECK(kv_heads > 0 && q_heads % kv_heads == 0, "paged attention: q_heads=", q_heads,
+            " is not a multiple of kv_heads=", kv_heads);
+  for (std::int64_t t = 0; t < tokens; ++t)
+    DSP_CHECK(positions[t] >= 0, "paged attention: token ", t, " at negative position ", positions[t]);
+  std::int64_t work = 0;  // multiply-adds, to decide whether helpers are worth waking
+  for (std::int64_t t = 0; t < tokens; ++t) work += (positions[t] + 1) * q_heads * head_dim;
+  const std::int64_t tasks = work < (1 << 18) ? 1 : std::min<std::int64_t>(tokens, 4 * host_threads(h));
+  with_kv_cache_type(kv.dtype, [&]<class T>(T) {
+    parallel_for(h, tasks, [&](std::int64_t task) {
+      std::vector<float> scores, key, acc;
+      for (std::int64_t t = task; t < tokens; t += tasks)
+        detail::paged_attention_token<T>(kv, q, positions[t], t, q_heads, kv_heads, head_dim, out, scores, key, acc);
+    });
+  });
+}
+
+}  // namespace dsp::backend

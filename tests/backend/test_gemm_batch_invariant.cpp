@@ -1,0 +1,110 @@
+// The batch-invariant host GEMM (backend/host/gemm_batch_invariant.hpp): a row of C is the same
+// bitwise whatever the number of rows and wherever the row sits, on one thread or several; it
+// agrees with OpenBLAS's sgemm within fp32's error bound; linear_forward takes it inside a
+// BatchInvariantScope (and OpenBLAS outside, which is not invariant: the reason it exists).
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "dsp/backend/batch_invariance.hpp"
+#include "dsp/backend/host/gemm.hpp"
+#include "dsp/backend/host/gemm_batch_invariant.hpp"
+#include "dsp/backend/linear.hpp"
+#include "dsp/core/threads.hpp"
+#include "gradcheck.hpp"
+
+namespace backend_gemm_batch_invariant_test {
+
+using namespace dsp;
+using backend::Host;
+
+namespace {
+
+// C [m, n] of A's rows `rows` (indices into a [*, k] matrix) against B [n, k].
+std::vector<float> product(const std::vector<float>& a, const std::vector<std::int64_t>& rows, const std::vector<float>& b,
+                           std::int64_t n, std::int64_t k) {
+  std::vector<float> x;
+  for (auto r : rows) x.insert(x.end(), a.begin() + r * k, a.begin() + (r + 1) * k);
+  std::vector<float> c(rows.size() * static_cast<std::size_t>(n));
+  backend::gemm_nt_batch_invariant(Host{}, static_cast<std::int64_t>(rows.size()), n, k, x.data(), k, b.data(), k,
+                                   c.data(), n);
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("batch-invariant gemm: a row is bitwise the same for every m and position, on one thread or more") {
+  for (const auto& [n, k] : {std::pair<std::int64_t, std::int64_t>{5, 7}, {33, 16}, {128, 129}, {67, 300}, {1100, 64}}) {
+    CAPTURE(n);
+    CAPTURE(k);
+    const auto a = test::random_vector(static_cast<std::size_t>(80 * k), 1);
+    const auto b = test::random_vector(static_cast<std::size_t>(n * k), 2);
+    const std::vector<float> alone = product(a, {0}, b, n, k);
+    for (std::int64_t m : {2, 3, 4, 5, 8, 17, 63, 64, 65, 79}) {
+      for (std::int64_t at : {std::int64_t{0}, m / 2, m - 1}) {
+        CAPTURE(m);
+        CAPTURE(at);
+        std::vector<std::int64_t> rows;
+        for (std::int64_t i = 0; i < m; ++i) rows.push_back(i == at ? 0 : 1 + i);
+        const std::vector<float> c = product(a, rows, b, n, k);
+        CHECK(std::memcmp(c.data() + at * n, alone.data(), static_cast<std::size_t>(n) * sizeof(float)) == 0);
+      }
+    }
+    // One thread (two ranks in this process leave each one core or less) gives the same bits.
+    std::vector<std::int64_t> rows(40);
+    for (std::int64_t i = 0; i < 40; ++i) rows[static_cast<std::size_t>(i)] = i;
+    const std::vector<float> threaded = product(a, rows, b, n, k);
+    const RanksPerProcess many(64);
+    CHECK(threads_per_rank() == 1);
+    CHECK(product(a, rows, b, n, k) == threaded);
+  }
+}
+
+TEST_CASE("batch-invariant gemm: within fp32's error bound of sgemm") {
+  // |c - c_exact| <= gamma_k sum_k |a||b| with gamma_k = k u / (1 - k u), u = 2^-24 (Higham,
+  // "Accuracy and Stability of Numerical Algorithms", 3.5), for both; so they differ by at
+  // most twice that.
+  const std::int64_t m = 9, n = 70, k = 515;
+  const auto a = test::random_vector(static_cast<std::size_t>(m * k), 3);
+  const auto b = test::random_vector(static_cast<std::size_t>(n * k), 4);
+  std::vector<float> c(static_cast<std::size_t>(m * n)), ref(c.size());
+  backend::gemm_nt_batch_invariant(Host{}, m, n, k, a.data(), k, b.data(), k, c.data(), n);
+  backend::gemm(Host{}, false, true, m, n, k, 1.0f, a.data(), k, b.data(), k, 0.0f, ref.data(), n);
+  const double u = std::ldexp(1.0, -24), gamma = k * u / (1 - k * u);
+  for (std::int64_t i = 0; i < m; ++i)
+    for (std::int64_t j = 0; j < n; ++j) {
+      double abs_sum = 0;
+      for (std::int64_t l = 0; l < k; ++l) abs_sum += std::abs(double(a[i * k + l]) * b[j * k + l]);
+      CHECK(std::abs(double(c[i * n + j]) - ref[i * n + j]) <= 2 * gamma * abs_sum);
+    }
+  CHECK_THROWS_AS(backend::gemm_nt_batch_invariant(Host{}, -1, n, k, a.data(), k, b.data(), k, c.data(), n), Error);
+  CHECK_THROWS_AS(backend::gemm_nt_batch_invariant(Host{}, m, n, k, a.data(), k - 1, b.data(), k, c.data(), n), Error);
+}
+
+TEST_CASE("batch-invariant gemm: linear_forward takes it inside a BatchInvariantScope only") {
+  const std::int64_t m = 6, in = 40, out = 24;
+  const auto x = test::random_vector(static_cast<std::size_t>(m * in), 5);
+  const auto w = test::random_vector(static_cast<std::size_t>(out * in), 6);
+  std::vector<float> direct(static_cast<std::size_t>(m * out)), scoped(direct.size()), outside(direct.size());
+  backend::gemm_nt_batch_invariant(Host{}, m, out, in, x.data(), in, w.data(), in, direct.data(), out);
+  CHECK_FALSE(backend::batch_invariant());
+  {
+    const backend::BatchInvariantScope scope;
+    CHECK(backend::batch_invariant());
+    backend::linear_forward(Host{}, x.data(), w.data(), scoped.data(), m, in, out);
+    {
+      const backend::MatmulPrecisionScope bf16(backend::MatmulPrecision::Bf16);
+      CHECK_THROWS_AS(backend::linear_forward(Host{}, x.data(), w.data(), scoped.data(), m, in, out), Error);
+    }
+    const backend::BatchInvariantScope off(false);
+    CHECK_FALSE(backend::batch_invariant());
+  }
+  CHECK(backend::batch_invariant() == false);
+  backend::linear_forward(Host{}, x.data(), w.data(), outside.data(), m, in, out);
+  CHECK(scoped == direct);
+  CHECK(test::max_rel_diff(outside, std::vector<double>(direct.begin(), direct.end())) <= 1e-5);
+}
+
+}  // namespace backend_gemm_batch_invariant_test
