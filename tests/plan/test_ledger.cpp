@@ -18,7 +18,7 @@
 #include "dsp/model/causal_lm.hpp"
 #include "dsp/plan/ledger.hpp"
 #include "dsp/policy.hpp"
-#include "dsp/serve/kv_cache.hpp"
+#include "dsp/serve/kv_cache_pool.hpp"
 
 using namespace dsp;
 
@@ -211,7 +211,8 @@ TEST_CASE("serving: the KV cache the model asks for equals 2 x layers x kv_heads
       const std::int64_t model_bytes = memory::live_bytes() - before;
       const std::int64_t batch = 3, tokens = c.seq_length;
       const std::int64_t before_cache = memory::live_bytes();
-      serve::KvCache cache(c.num_layers, batch, tokens, m.kv_heads_local(), c.head_dim());  // as serve::Generator
+      // One block per sequence, of `tokens` tokens, sized by the attention layers as serve::Engine does.
+      serve::KvCachePool cache(c.num_layers, 0, m.kv_values_per_token(), batch, tokens, backend::KvCacheDType::Fp32);
       const std::int64_t cache_bytes = memory::live_bytes() - before_cache;
       CHECK(cache_bytes == cache.bytes());
       const auto ledger = plan::predict_serving({c, tp, batch, tokens, 4});

@@ -14,6 +14,7 @@
 #include "dsp/backend/host/copy_columns.hpp"
 #include "dsp/backend/host/elementwise.hpp"
 #include "dsp/backend/host/flash_attention.hpp"
+#include "dsp/backend/host/paged_attention.hpp"
 #include "dsp/backend/host/rope.hpp"
 #include "dsp/model/config.hpp"
 #include "dsp/model/forward_context.hpp"
@@ -51,8 +52,9 @@ class Attention {
         o_(tp, ShardedTensor::split(prefix + ".o_proj.weight", {c.hidden_size, c.num_attention_heads * d_}, 1),
            {Init::Normal, scaled_std(c)}, seed) {}
 
-  /// x [tokens, hidden] -> [tokens, hidden]. With ctx.cache, this call's keys/values are
-  /// written at their positions and attention reads the whole cache (masked by position).
+  /// x [tokens, hidden] -> [tokens, hidden]. With ctx.paged (serving), this call's keys and
+  /// values are written to their cache slots and each token attends its sequence's cached
+  /// keys up to its position (backend/host/paged_attention.hpp).
   /// saved keeps what backward needs: q, k, v, the context and (unless selective
   /// recomputation) the softmax probabilities [batch, heads/tp, seq, seq], each rounded to
   /// ctx.activations (the softmax itself computes in fp32); with use_flash_attn the fp32
@@ -71,21 +73,10 @@ class Attention {
 
     Tensor context({n, qw});
     Tensor probs, lse;
-    if (ctx.cache) {
-      Tensor& kc = ctx.cache->k(layer_);
-      Tensor& vc = ctx.cache->v(layer_);
-      const std::int64_t cap = ctx.cache->capacity();
-      for (std::int64_t t = 0; t < n; ++t) {  // append this call's keys/values at their positions
-        const std::int64_t row = (t / ctx.seq) * cap + ctx.positions[static_cast<std::size_t>(t)];
-        copy(Backend{}, kw, k.data() + t * kw, kc.data() + row * kw);
-        copy(Backend{}, kw, v.data() + t * kw, vc.data() + row * kw);
-      }
-      if (flash_)
-        flash_attention_forward(Backend{}, q.data(), kc.data(), vc.data(), positions.data(), ctx.batch, ctx.seq,
-                                cap, heads_, kv_heads_, d_, context.data(), nullptr);
-      else
-        attention_forward(Backend{}, q.data(), kc.data(), vc.data(), positions.data(), ctx.batch, ctx.seq, cap,
-                          heads_, kv_heads_, d_, context.data(), nullptr);
+    if (ctx.paged) {  // serving: this call's keys/values into the cache, attention over it
+      const backend::PagedKvLayer kv = ctx.paged->layer(layer_);
+      paged_kv_write(Backend{}, kv, k.data(), v.data(), n, kv_heads_, d_);
+      paged_attention_forward(Backend{}, kv, q.data(), positions.data(), n, heads_, kv_heads_, d_, context.data());
     } else if (flash_) {
       if (saved) lse = Tensor({ctx.batch, heads_, ctx.seq});
       flash_attention_forward(Backend{}, q.data(), k.data(), v.data(), positions.data(), ctx.batch, ctx.seq,
@@ -147,6 +138,9 @@ class Attention {
     return {w.grad.data() + offset, static_cast<std::size_t>(w.grad.numel() - offset)};
   }
   std::int64_t kv_heads_local() const { return kv_heads_; }
+  /// Values a token's keys and values take in this rank's paged KV cache of this layer:
+  /// 2 x kv_heads_local x head_dim (the ledger's formula, plan/ledger.hpp).
+  std::int64_t kv_values_per_token() const { return 2 * kv_heads_ * d_; }
 
   /// Megatron's scaled init for output projections: std / sqrt(2 x layers).
   static float scaled_std(const ModelConfig& c) {

@@ -44,9 +44,10 @@ class CausalLM : public pp::PipelineStage<Policy> {
     Base::backward(act, Tensor({n}, dloss).to(current_memory_space()), on_grad_ready);
   }
 
-  /// Inference forward: ids [batch * seq] at ctx.positions (appending to ctx.cache when set)
-  /// -> this rank's logits [batch * seq, vocab_padded / tp]; padding columns are garbage-free
-  /// zeros-weight logits that callers must mask (see padded_vocab()).
+  /// Inference forward: ids [batch * seq] at ctx.positions (through the paged KV cache
+  /// ctx.paged when set) -> this rank's logits [rows, vocab_padded / tp], rows = *ctx.logit_rows
+  /// (every token without it); padding columns hold logits of zero weight rows, which callers
+  /// must mask (see padded_vocab()).
   Tensor logits(const ForwardContext& ctx, const std::vector<std::int32_t>& ids) { return this->infer(ctx, ids, Tensor{}); }
 
   std::int64_t kv_heads_local() const { return this->blocks_.front()->kv_heads_local(); }

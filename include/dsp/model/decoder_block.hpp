@@ -89,6 +89,8 @@ class DecoderBlock {
   ep::MoELayer<Policy>* moe() { return moe_.get(); }
   std::span<float> replicated_kv_grad() { return attn_.replicated_kv_grad(); }
   std::int64_t kv_heads_local() const { return attn_.kv_heads_local(); }
+  /// Values per token in this layer's paged KV cache on this rank (Attention::kv_values_per_token).
+  std::int64_t kv_values_per_token() const { return attn_.kv_values_per_token(); }
 
   static std::string prefix(std::int64_t layer) { return "model.layers." + std::to_string(layer); }
 

@@ -31,7 +31,7 @@
 // Serving: weights = the parameters of one stage holding every layer at the serving TP (EP 1)
 // x dtype bytes; KV cache = 2 x layers x kv_heads_local x head_dim x batch x tokens x bytes,
 // kv_heads_local = kv_heads / TP, or 1 when kv_heads < TP (each K/V head replicated on
-// TP / kv_heads ranks; serve::KvCache allocates exactly this); workspace = logits of a prefill
+// TP / kv_heads ranks; serve::KvCachePool allocates exactly this per token, in blocks); workspace = logits of a prefill
 // of batch x tokens plus one layer's forward temporaries (estimate).
 //
 // What can be measured today: parameter bytes (exact), fp32 parameters, gradients and AdamW
@@ -224,7 +224,7 @@ inline TrainingPrediction predict_training(const TrainingPlan& plan) {
 
 /// Serving at `tensor`-way TP on one pipeline stage, `batch` sequences of up to `max_tokens`
 /// tokens (prompt + generated), weights and KV cache of `dtype_bytes` (4: fp32, what
-/// serve::Generator runs today; 2: 16-bit).
+/// serving's default; 2: 16-bit weights and --kv-cache-dtype bf16 / fp16).
 struct ServingPlan {
   model::ModelConfig model;
   int tensor = 1;
@@ -240,6 +240,21 @@ inline std::int64_t kv_cache_bytes(const model::ModelConfig& c, int tp, std::int
                                    std::int64_t dtype_bytes) {
   const std::int64_t kv_local = LocalSizes::of(c, tp, 1).kv_heads;
   return 2 * c.num_layers * kv_local * c.head_dim() * batch * tokens * dtype_bytes;
+}
+
+/// Bytes of one paged KV cache block on a rank: kv_cache_bytes of one sequence of block_size
+/// tokens (every layer's K and V of kv_heads_local heads).
+inline std::int64_t kv_cache_bytes_per_block(const model::ModelConfig& c, int tp, std::int64_t block_size,
+                                             std::int64_t dtype_bytes) {
+  return kv_cache_bytes(c, tp, 1, block_size, dtype_bytes);
+}
+
+/// Paged KV cache blocks a per-rank budget of `budget_bytes` holds (vLLM's num_gpu_blocks):
+/// floor(budget / kv_cache_bytes_per_block); serve::Engine sizes its pool so from
+/// --kv-cache-memory.
+inline std::int64_t kv_cache_blocks(const model::ModelConfig& c, int tp, std::int64_t block_size,
+                                    std::int64_t dtype_bytes, std::int64_t budget_bytes) {
+  return std::max<std::int64_t>(0, budget_bytes) / kv_cache_bytes_per_block(c, tp, block_size, dtype_bytes);
 }
 
 /// Per-rank bytes of serving: parameters (weights), activations (the KV cache) and workspace

@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "dsp/backend/host/moe_permute.hpp"
+#include "dsp/core/memory_space.hpp"
 #include "dsp/core/trace.hpp"
 #include "dsp/model/decoder_block.hpp"
 #include "dsp/pp/layer_split.hpp"
@@ -196,9 +198,10 @@ class PipelineStage {
   }
 
   /// Inference forward (no activations kept): first stage embeds `ids` [batch * seq], others
-  /// take x = hidden states [batch * seq, hidden]; tokens at ctx.positions (appending to
-  /// ctx.cache when set). Returns the hidden states for the next stage, or on the last stage
-  /// this rank's logits [batch * seq, vocab_padded / tp] (padding columns must be masked).
+  /// take x = hidden states [batch * seq, hidden]; tokens at ctx.positions (their keys and
+  /// values written to and read from ctx.paged when set). Returns the hidden states for the
+  /// next stage, or on the last stage this rank's logits [rows, vocab_padded / tp] (padding
+  /// columns must be masked), rows = ctx.logit_rows in that order, or every token when empty.
   Tensor infer(const model::ForwardContext& ctx, const std::vector<std::int32_t>& ids, Tensor x) {
     return run(ctx, ids, std::move(x), nullptr);
   }
@@ -221,6 +224,13 @@ class PipelineStage {
     std::vector<Parameter*> out = parameters();
     for (auto& b : blocks_)
       for (auto* q : b->buffers()) out.push_back(q);
+    return out;
+  }
+  /// Values per token of each local layer's paged KV cache on this rank, first to last
+  /// (DecoderBlock::kv_values_per_token; global layer layers().first_layer + i).
+  std::vector<std::int64_t> kv_values_per_token() const {
+    std::vector<std::int64_t> out;
+    for (const auto& b : blocks_) out.push_back(b->kv_values_per_token());
     return out;
   }
   /// This stage's MoE layers, first to last (empty for a dense model).
@@ -302,6 +312,12 @@ class PipelineStage {
       release(part);
     }
     if (!layers_.post_process) return x;
+    if (ctx.logit_rows) {  // serving: only the rows that are sampled
+      Tensor rows({static_cast<std::int64_t>(ctx.logit_rows->size()), config_.hidden_size});
+      const SpaceArray<std::int64_t> order(*ctx.logit_rows);
+      permute_rows(Backend{}, x.data(), order.data(), rows.dim(0), 1, config_.hidden_size, rows.data());
+      x = std::move(rows);
+    }
     acquire(parts - 1, std::nullopt, false);
     Tensor normed = final_norm_->forward(x, act ? &act->final_norm : nullptr);
     model::round_activations(Backend{}, ctx.activations, normed);
