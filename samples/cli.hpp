@@ -145,13 +145,19 @@ inline std::string unescape_newlines(const std::string& text) {
 }
 
 /// Prompts for the serving samples: one per line of `path`, with the two characters "\n"
-/// standing for a newline. Throws dsp::InputError when the file cannot be read or is empty.
+/// standing for a newline. Throws dsp::InputError when the file cannot be read or is empty,
+/// and for a blank line (naming its number: a prompt is never silently dropped).
 inline std::vector<std::string> read_prompts_file(const std::string& path) {
   std::ifstream in(path);
   DSP_CHECK_AS(dsp::InputError, in.good(), "prompts file '", path, "' cannot be opened");
   std::vector<std::string> prompts;
+  std::size_t number = 0;
   for (std::string line; std::getline(in, line);) {
-    if (!line.empty()) prompts.push_back(unescape_newlines(line));
+    ++number;
+    if (!line.empty() && line.back() == '\r') line.pop_back();  // CRLF files
+    DSP_CHECK_AS(dsp::InputError, !line.empty(), "prompts file '", path, "' line ", number,
+                 " is blank: one prompt per line (write \\n for a newline inside a prompt)");
+    prompts.push_back(unescape_newlines(line));
   }
   DSP_CHECK_AS(dsp::InputError, !prompts.empty(), "prompts file '", path, "' holds no prompt");
   return prompts;

@@ -1,8 +1,8 @@
 // dsp-consistency-check: is the served model still the trained one? Runs fixed prompts
 // through the reference model at its training layout and through --load at
 // --tensor-model-parallel-size, and prints the largest |logit difference| as JSON: over every
-// position of every prompt (full forward), and over the last position of every prompt as the
-// server computes it (all prompts in one batch through the KV cache). The reference is
+// position of every prompt, by a full forward pass and as the serving engine computes them
+// (all prompts served together as requests through its paged KV cache). The reference is
 // --reference, else the checkpoint --load was resharded from (its manifest says), else
 // --load itself at the layout it was saved with. Exits 1 when a difference exceeds --tolerance.
 //
@@ -25,17 +25,17 @@
 #include "dsp/pp/layer_split.hpp"
 #include "dsp/pp/pipeline_stage.hpp"
 #include "dsp/serve/consistency.hpp"
-#include "dsp/serve/generator.hpp"
+#include "dsp/serve/engine.hpp"
+#include "dsp/serve/full_logits.hpp"
 #include "dsp/tp/mappings.hpp"
 
 namespace {
 
 // Logits of every prompt from `dir` loaded at TP `tp`: the full forward [len, vocab] of each
-// prompt alone, and the serving path's last-position logits [prompts, vocab] from one
-// batched prefill through the KV cache.
+// prompt alone, and the serving engine's logits of every prompt position [len, vocab], all
+// prompts served together as concurrent requests through the paged KV cache.
 struct Logits {
-  std::vector<dsp::Tensor> full;
-  dsp::Tensor served_last;
+  std::vector<dsp::Tensor> full, served;
 };
 
 Logits logits_at(const std::string& dir, int tp, const std::vector<std::vector<std::int32_t>>& ids) {
@@ -45,11 +45,18 @@ Logits logits_at(const std::string& dir, int tp, const std::vector<std::vector<s
     dsp::DeviceMesh mesh(world, dsp::ParallelLayout{.tensor = tp});
     dsp::model::CausalLM<samples::HostPolicy> model(config, mesh, 0);
     dsp::checkpoint::load_model(dir, model);
-    dsp::serve::Generator<samples::HostPolicy> generator(model);
     Logits mine;
-    for (const auto& p : ids) mine.full.push_back(generator.full_logits(p));
-    auto cache = generator.make_cache(static_cast<std::int64_t>(ids.size()));
-    mine.served_last = generator.prefill(cache, ids);
+    for (const auto& p : ids) mine.full.push_back(dsp::serve::full_logits(model, p));
+    dsp::serve::Engine<samples::HostPolicy> engine(model, world, {});
+    mine.served.resize(ids.size());
+    if (world.rank() == 0)
+      for (std::size_t i = 0; i < ids.size(); ++i)
+        engine.add_request(ids[i], {.max_tokens = 1, .prompt_logits = true}, std::to_string(i));
+    while (!engine.stopped()) {
+      for (auto& o : engine.step())
+        if (o.prompt_logits.numel() > 0) mine.served[std::stoul(o.id)] = std::move(o.prompt_logits);
+      if (world.rank() == 0 && !engine.has_unfinished_requests()) engine.shutdown();
+    }
     if (world.rank() == 0) out = std::move(mine);
   });
   return out;
@@ -91,15 +98,6 @@ std::vector<dsp::Tensor> pipeline_logits(const std::string& dir, int tp, int pp,
   return out;
 }
 
-// Last row of each [len, vocab] tensor, as one [prompts, vocab] tensor.
-std::vector<dsp::Tensor> last_rows(const std::vector<dsp::Tensor>& full) {
-  const std::int64_t vocab = full.front().dim(1);
-  dsp::Tensor out({static_cast<std::int64_t>(full.size()), vocab});
-  for (std::size_t i = 0; i < full.size(); ++i)
-    std::copy_n(full[i].data() + (full[i].dim(0) - 1) * vocab, vocab, out.data() + static_cast<std::int64_t>(i) * vocab);
-  return {out};
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -128,7 +126,7 @@ int main(int argc, char** argv) {
     const Logits served = logits_at(load, tp, ids);  // first: it checks the prompts (length, vocabulary)
     const std::vector<dsp::Tensor> ref = pipeline_logits(reference, reference_tp, reference_pp, ids);
     const double diff = dsp::serve::max_abs_logit_diff(ref, served.full);
-    const double diff_served = dsp::serve::max_abs_logit_diff(last_rows(ref), {served.served_last});
+    const double diff_served = dsp::serve::max_abs_logit_diff(ref, served.served);
     const bool ok = diff <= tolerance && diff_served <= tolerance;
     const nlohmann::json result = {{"max_abs_logit_diff", std::max(diff, diff_served)},
                                    {"full_forward_max_abs_logit_diff", diff},

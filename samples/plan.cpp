@@ -31,6 +31,8 @@ struct Options {
   int serving_tensor = 0;
   std::int64_t serving_batch = 1, serving_tokens = 0;
   std::string serving_dtype;
+  std::int64_t serving_block_size = 16, serving_kv_cache_memory = -1;  // -1: not given
+  double serving_gpu_memory_utilization = 0.9;
   dsp::plan::Cluster cluster;
   double gpu_memory_gb = 80;
   int num_recommendations = 5;
@@ -225,6 +227,14 @@ int main(int argc, char** argv) {
   app.add_option("--serving-max-tokens", o.serving_tokens, "tokens per sequence, prompt + generated (default: seq length)");
   app.add_option("--serving-dtype", o.serving_dtype, "fp32 or bf16 weights and KV cache (default: bf16, fp32 with --precision fp32)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
+  app.add_option("--serving-block-size", o.serving_block_size, "tokens per paged KV cache block (dsp-generate's --block-size)")
+      ->check(samples::at_least(1));
+  app.add_option("--serving-kv-cache-memory", o.serving_kv_cache_memory,
+                 "bytes of KV cache per serving rank (dsp-generate's --kv-cache-memory); default: "
+                 "--serving-gpu-memory-utilization of --gpu-memory minus weights and workspace")
+      ->check(samples::at_least(0));
+  app.add_option("--serving-gpu-memory-utilization", o.serving_gpu_memory_utilization,
+                 "fraction of --gpu-memory a serving rank may use (dsp-generate's --gpu-memory-utilization)");
   app.add_option("--gpus-per-node", o.cluster.gpus_per_node, "GPUs per node");
   app.add_option("--num-nodes", o.cluster.num_nodes, "nodes");
   app.add_option("--gpu-memory", o.gpu_memory_gb, "memory per GPU, GB (1e9 bytes)");
@@ -284,8 +294,22 @@ int main(int argc, char** argv) {
                                                        : o.serving_dtype;
     sp.dtype_bytes = sdtype == "fp32" ? 4 : 2;
     m.validate(sp.tensor);
-    print_ledgers(chosen, plan::predict_training(chosen), sp, plan::predict_serving(sp),
-                  cluster_given ? o.cluster.gpu_memory_bytes : 0);
+    const plan::MemoryLedger serving = plan::predict_serving(sp);
+    print_ledgers(chosen, plan::predict_training(chosen), sp, serving, cluster_given ? o.cluster.gpu_memory_bytes : 0);
+    // The serving engine's paged KV cache: blocks of this budget per rank, as serve::Engine sizes it.
+    const std::int64_t budget = o.serving_kv_cache_memory >= 0
+                                    ? o.serving_kv_cache_memory
+                                    : static_cast<std::int64_t>(o.serving_gpu_memory_utilization *
+                                                                static_cast<double>(o.cluster.gpu_memory_bytes)) -
+                                          serving.parameters - serving.workspace;
+    const std::int64_t per_block = plan::kv_cache_bytes_per_block(m, sp.tensor, o.serving_block_size, sp.dtype_bytes);
+    const std::int64_t blocks = plan::kv_cache_blocks(m, sp.tensor, o.serving_block_size, sp.dtype_bytes, budget);
+    std::printf("\nserving KV cache (paged, TP%d): blocks of %lld tokens, %lld bytes each per rank; a budget of %lld bytes "
+                "per rank%s holds %lld blocks = %lld tokens\n",
+                sp.tensor, static_cast<long long>(o.serving_block_size), static_cast<long long>(per_block),
+                static_cast<long long>(std::max<std::int64_t>(budget, 0)),
+                o.serving_kv_cache_memory >= 0 ? " (--serving-kv-cache-memory)" : " (utilization x GPU memory - weights - workspace)",
+                static_cast<long long>(blocks), static_cast<long long>(blocks * o.serving_block_size));
     if (cluster_given) print_recommendations(recs, o.cluster, o.num_recommendations);
   });
 }

@@ -7,6 +7,8 @@
 #    processes) likewise, and --bf16 at ZeRO stage 3 (bf16 gradients and parameters between
 #    processes);
 #  - --world-size that differs from the MPI size: a message naming both, non-zero exit;
+#  - dsp-generate on 2 processes serves what it serves on 2 threads (a dense model at TP2, an
+#    MoE model at EP2);
 #  - --profile-file on 2 processes: rank 0 writes one trace with spans of both ranks;
 #  - a rank killed with SIGKILL, and a rank that throws (only rank 0 opens the metrics file),
 #    also in a TP=2 x PP=2 job whose second stage then waits on a pipeline receive:
@@ -89,6 +91,27 @@ spans() { grep -o '"ph":"X","pid":[0-9]*' "$work/trace.json" | sort | uniq -c; }
 if [ -s "$work/trace.json" ] && [ "$(spans | wc -l)" -eq 2 ] && spans | grep -q '"pid":0$' && spans | grep -q '"pid":1$' \
    && grep -q '"name":"backward"' "$work/trace.json"; then ok
 else fail "trace of the MPI run lacks a rank's spans: $(spans)"; fi
+
+# --- serving under mpiexec == serving on threads ---------------------------------------------
+# The engine's driver (rank 0) broadcasts the requests; every rank runs the same batches. A dense
+# TP2 checkpoint at TP2, and an MoE one (TP2 x EP2 training) at TP1 x EP2, served on 2 processes.
+printf 'ROMEO:\nJULIET:\\nO Romeo\nA\n' >"$work/prompts"
+serve_mpi_equals_threads() {  # NAME CKPT GENERATE_ARGS...
+  local name=$1 ckpt=$2
+  shift 2
+  "$bin/dsp-generate" --load "$ckpt" --prompts-file "$work/prompts" --max-new-tokens 12 --temperature 0.8 --seed 3 "$@" \
+    >"$work/$name-threads.txt" 2>/dev/null || fail "$name: serving on threads"
+  timeout 120 "${mpi[@]}" -n 2 "$bin/dsp-generate" --load "$ckpt" --prompts-file "$work/prompts" --max-new-tokens 12 \
+    --temperature 0.8 --seed 3 "$@" >"$work/$name-mpi.txt" 2>"$work/$name-mpi.err" || fail "$name: serving under mpiexec: $(cat "$work/$name-mpi.err")"
+  [ -s "$work/$name-threads.txt" ] && diff <(grep -av '^--- ' "$work/$name-threads.txt") <(grep -av '^--- ' "$work/$name-mpi.txt") >/dev/null \
+    && ok || fail "$name: mpiexec serving differs from the thread run"
+}
+"$bin/dsp-train" --world-size 2 "${model[@]}" --train-iters 4 --save "$work/serve_ckpt" >/dev/null || fail "serving checkpoint"
+serve_mpi_equals_threads dense_tp2 "$work/serve_ckpt" --tensor-model-parallel-size 2
+"$bin/dsp-train" --world-size 4 "${model[@]}" --expert-model-parallel-size 2 --num-experts 8 --moe-router-topk 2 \
+  --moe-ffn-hidden-size 32 --num-shared-experts 1 --first-k-dense-replace 1 --train-iters 4 --save "$work/serve_moe" \
+  >/dev/null || fail "MoE serving checkpoint"
+serve_mpi_equals_threads moe_ep2 "$work/serve_moe" --tensor-model-parallel-size 1 --expert-parallel-size 2
 
 # --- failures end the job -------------------------------------------------------------------
 # wait_bounded PID SECONDS: waits for PID to exit; returns its exit code, or 124 after SECONDS

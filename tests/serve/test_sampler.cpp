@@ -57,7 +57,7 @@ TEST_CASE("sampler: padded vocabulary entries never win nor get drawn") {
   const std::int64_t vocab = 5;
   CHECK(serve::sample_token(logits, vocab, {}, 0, 0) == 0);
   logits[6] = 1e30f;  // even garbage padding cannot win
-  for (const SamplingParams params :
+  for (const SamplingParams& params :
        {SamplingParams{}, SamplingParams{.temperature = 1.0f}, SamplingParams{.temperature = 1e4f, .top_k = 3},
         SamplingParams{.temperature = 1e4f, .top_p = 0.5f}})
     for (std::uint64_t c = 0; c < 2000; ++c) CHECK(serve::sample_token(logits, vocab, params, 1, c) < vocab);
@@ -117,7 +117,8 @@ TEST_CASE("sampler: invalid parameters and rows throw") {
   const std::vector<float> logits{0.0f, 1.0f};
   CHECK_THROWS_AS(SamplingParams{.temperature = -0.5f}.validate(), InputError);
   CHECK_THROWS_AS(SamplingParams{.temperature = NAN}.validate(), InputError);
-  CHECK_THROWS_AS(SamplingParams{.top_k = -1}.validate(), InputError);
+  CHECK_THROWS_AS(SamplingParams{.top_k = -2}.validate(), InputError);
+  CHECK_NOTHROW(SamplingParams{.top_k = -1}.validate());  // vLLM's "off"
   CHECK_THROWS_AS(SamplingParams{.top_p = 0.0f}.validate(), InputError);
   CHECK_THROWS_AS(SamplingParams{.top_p = 1.5f}.validate(), InputError);
   CHECK_NOTHROW(SamplingParams{.temperature = 0.7f, .top_k = 10, .top_p = 1.0f}.validate());

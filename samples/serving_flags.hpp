@@ -1,0 +1,64 @@
+#pragma once
+// The serving engine's flags, in vLLM's spelling, shared by the serving programs: limits of
+// continuous batching, the KV cache budget and dtype, prefix caching, and the parallel sizes
+// the checkpoint is served at.
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "cli.hpp"
+#include "dsp/backend/paged_kv.hpp"
+#include "dsp/serve/engine_config.hpp"
+
+namespace samples {
+
+struct ServingFlags {
+  int tensor_parallel = 0;  // 0: the checkpoint's TP
+  int expert_parallel = 1;
+  dsp::serve::EngineConfig engine;
+  std::int64_t kv_cache_memory = -1;  // -1: not given
+  double gpu_memory_utilization = 0;  // 0: not given
+  std::string kv_cache_dtype = "fp32";
+
+  void add_to(CLI::App& app) {
+    app.add_option("--tensor-model-parallel-size,--tensor-parallel-size", tensor_parallel,
+                   "serving TP size (default: the checkpoint's); serving runs one pipeline stage")
+        ->check(at_least(1));
+    app.add_option("--expert-parallel-size,--expert-model-parallel-size", expert_parallel,
+                   "MoE models: ranks the routed experts are split over (tokens dispatched as in training); "
+                   "ranks = TP x this")
+        ->check(at_least(1));
+    app.add_option("--max-num-seqs", engine.max_num_seqs, "requests running at once at most")->check(at_least(1));
+    app.add_option("--max-num-batched-tokens", engine.max_num_batched_tokens,
+                   "tokens per forward pass at most (longer prompts are prefilled in chunks)")
+        ->check(at_least(1));
+    app.add_option("--max-model-len", engine.max_model_len,
+                   "prompt + generated tokens of a request at most (default: the model's --seq-length)")
+        ->check(at_least(1));
+    app.add_option("--block-size", engine.block_size, "tokens per KV cache block")->check(at_least(1));
+    app.add_option("--kv-cache-memory", kv_cache_memory, "bytes of KV cache per rank (overrides --gpu-memory-utilization)")
+        ->check(at_least(0));
+    app.add_option("--gpu-memory-utilization", gpu_memory_utilization,
+                   "fraction of the device's memory (host RAM on the CPU, shared by the ranks) a rank may use; the KV "
+                   "cache gets it minus the weights and a profiling step's activations (default: 0.9 on a GPU; on the "
+                   "CPU the cache of --max-num-seqs full-length requests, at most 4 GiB)");
+    app.add_option("--kv-cache-dtype", kv_cache_dtype, "fp32, bf16 or fp16 (16 bits stored: half the bytes)")
+        ->check(CLI::IsMember({"fp32", "bf16", "fp16", "auto"}));
+    app.add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", engine.enable_prefix_caching,
+                 "share the KV blocks of common prompt prefixes between requests");
+  }
+
+  /// The engine config the flags give (validated).
+  dsp::serve::EngineConfig config() const {
+    dsp::serve::EngineConfig c = engine;
+    if (kv_cache_memory >= 0) c.kv_cache_memory = kv_cache_memory;
+    if (gpu_memory_utilization != 0) c.gpu_memory_utilization = gpu_memory_utilization;
+    c.kv_cache_dtype = dsp::backend::kv_cache_dtype_from_name(kv_cache_dtype == "auto" ? "fp32" : kv_cache_dtype);
+    c.validate();
+    return c;
+  }
+};
+
+}  // namespace samples
