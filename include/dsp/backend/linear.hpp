@@ -16,15 +16,20 @@ namespace dsp::backend {
 
 /// y [tokens, out] = x [tokens, in] * w[out, in]^T. Overwrites y. In a BatchInvariantScope
 /// each row of y depends on its row of x alone, bitwise (fp32 only: throws Error inside a
-/// 16-bit MatmulPrecisionScope, which serving does not open).
+/// 16-bit MatmulPrecisionScope, which serving does not open, and with a backend that has no
+/// gemm_nt_batch_invariant).
 template <class Backend>
 void linear_forward(Backend h, const float* x, const float* w, float* y, std::int64_t tokens, std::int64_t in,
                     std::int64_t out) {
   if (batch_invariant()) {
     DSP_CHECK(matmul_precision() == MatmulPrecision::Fp32,
               "linear_forward: the batch-invariant GEMM multiplies in fp32 only (a 16-bit matmul scope is open)");
-    gemm_nt_batch_invariant(h, tokens, out, in, x, in, w, in, y, out);
-    return;
+    if constexpr (requires { gemm_nt_batch_invariant(h, tokens, out, in, x, in, w, in, y, out); }) {
+      gemm_nt_batch_invariant(h, tokens, out, in, x, in, w, in, y, out);
+      return;
+    } else {
+      throw Error("linear_forward: this backend has no batch-invariant GEMM (gemm_nt_batch_invariant)");
+    }
   }
   matmul(h, false, true, tokens, out, in, 1.0f, x, in, w, in, 0.0f, y, out);
 }

@@ -13,9 +13,10 @@
 // l + 2L, ...; the last partial chunk is zero-padded) by fused multiply-adds in increasing k,
 // then the lanes are summed by one fixed tree. L = 16 on CPUs with AVX-512, 8 with AVX2 + FMA,
 // and 8 lanes of separate multiplies and adds otherwise; a machine always takes the same path.
-// Register tiles of up to 4 rows x 4 columns share loads; the tile shape changes which
-// elements are computed together, never the operations of one element. Columns are split
-// over the rank's threads (parallel_for), so a thread never changes an element's order either.
+// Register tiles of up to 4 rows (3 with AVX2) x 4 columns share loads; the tile shape
+// changes which elements are computed together, never the operations of one element. Columns
+// are split over the rank's threads (parallel_for), so a thread never changes an element's
+// order either.
 #include <algorithm>
 #include <cstdint>
 
@@ -27,6 +28,14 @@
 #include "dsp/backend/gemm_args.hpp"
 #include "dsp/backend/host/host.hpp"
 #include "dsp/backend/host/parallel_for.hpp"
+
+// Unrolls the register tiles' loops (gcc); nvcc's front end, which compiles this header in
+// .cu files for the host, does not know the pragma.
+#if defined(__CUDACC__)
+#define DSP_BI_UNROLL
+#else
+#define DSP_BI_UNROLL _Pragma("GCC unroll 8")
+#endif
 
 namespace dsp::backend {
 
@@ -54,28 +63,28 @@ template <int MR, int NR>
 __attribute__((target("avx512f"))) void bi_tile_avx512(const float* a, std::int64_t lda, const float* b,
                                                         std::int64_t ldb, float* c, std::int64_t ldc, std::int64_t k) {
   __m512 acc[MR][NR];
-  _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i)
-    _Pragma("GCC unroll 8") for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
+  DSP_BI_UNROLL for (int i = 0; i < MR; ++i)
+    DSP_BI_UNROLL for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
   std::int64_t kk = 0;
   for (; kk + 16 <= k; kk += 16) {
     __m512 av[MR];
-    _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i) av[i] = _mm512_loadu_ps(a + i * lda + kk);
-    _Pragma("GCC unroll 8") for (int j = 0; j < NR; ++j) {
+    DSP_BI_UNROLL for (int i = 0; i < MR; ++i) av[i] = _mm512_loadu_ps(a + i * lda + kk);
+    DSP_BI_UNROLL for (int j = 0; j < NR; ++j) {
       const __m512 bv = _mm512_loadu_ps(b + j * ldb + kk);
-      _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i) acc[i][j] = _mm512_fmadd_ps(av[i], bv, acc[i][j]);
+      DSP_BI_UNROLL for (int i = 0; i < MR; ++i) acc[i][j] = _mm512_fmadd_ps(av[i], bv, acc[i][j]);
     }
   }
   if (kk < k) {  // the zero-padded last chunk
     const __mmask16 mask = static_cast<__mmask16>((1u << (k - kk)) - 1u);
     __m512 av[MR];
-    _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i) av[i] = _mm512_maskz_loadu_ps(mask, a + i * lda + kk);
-    _Pragma("GCC unroll 8") for (int j = 0; j < NR; ++j) {
+    DSP_BI_UNROLL for (int i = 0; i < MR; ++i) av[i] = _mm512_maskz_loadu_ps(mask, a + i * lda + kk);
+    DSP_BI_UNROLL for (int j = 0; j < NR; ++j) {
       const __m512 bv = _mm512_maskz_loadu_ps(mask, b + j * ldb + kk);
-      _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i) acc[i][j] = _mm512_fmadd_ps(av[i], bv, acc[i][j]);
+      DSP_BI_UNROLL for (int i = 0; i < MR; ++i) acc[i][j] = _mm512_fmadd_ps(av[i], bv, acc[i][j]);
     }
   }
-  _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i)
-    _Pragma("GCC unroll 8") for (int j = 0; j < NR; ++j) c[i * ldc + j] = bi_sum16(acc[i][j]);
+  DSP_BI_UNROLL for (int i = 0; i < MR; ++i)
+    DSP_BI_UNROLL for (int j = 0; j < NR; ++j) c[i * ldc + j] = bi_sum16(acc[i][j]);
 }
 
 // The 8 lanes of an AVX register summed by one fixed tree: (l + l+4), then pairs, then the two.
@@ -89,30 +98,30 @@ template <int MR, int NR>
 __attribute__((target("avx2,fma"))) void bi_tile_avx2(const float* a, std::int64_t lda, const float* b,
                                                        std::int64_t ldb, float* c, std::int64_t ldc, std::int64_t k) {
   __m256 acc[MR][NR];
-  _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i)
-    _Pragma("GCC unroll 8") for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_setzero_ps();
+  DSP_BI_UNROLL for (int i = 0; i < MR; ++i)
+    DSP_BI_UNROLL for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_setzero_ps();
   std::int64_t kk = 0;
   for (; kk + 8 <= k; kk += 8) {
     __m256 av[MR];
-    _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i) av[i] = _mm256_loadu_ps(a + i * lda + kk);
-    _Pragma("GCC unroll 8") for (int j = 0; j < NR; ++j) {
+    DSP_BI_UNROLL for (int i = 0; i < MR; ++i) av[i] = _mm256_loadu_ps(a + i * lda + kk);
+    DSP_BI_UNROLL for (int j = 0; j < NR; ++j) {
       const __m256 bv = _mm256_loadu_ps(b + j * ldb + kk);
-      _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i) acc[i][j] = _mm256_fmadd_ps(av[i], bv, acc[i][j]);
+      DSP_BI_UNROLL for (int i = 0; i < MR; ++i) acc[i][j] = _mm256_fmadd_ps(av[i], bv, acc[i][j]);
     }
   }
   if (kk < k) {  // the zero-padded last chunk
     alignas(32) std::int32_t lanes[8];
-    _Pragma("GCC unroll 8") for (int l = 0; l < 8; ++l) lanes[l] = kk + l < k ? -1 : 0;
+    DSP_BI_UNROLL for (int l = 0; l < 8; ++l) lanes[l] = kk + l < k ? -1 : 0;
     const __m256i mask = _mm256_load_si256(reinterpret_cast<const __m256i*>(lanes));
     __m256 av[MR];
-    _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i) av[i] = _mm256_maskload_ps(a + i * lda + kk, mask);
-    _Pragma("GCC unroll 8") for (int j = 0; j < NR; ++j) {
+    DSP_BI_UNROLL for (int i = 0; i < MR; ++i) av[i] = _mm256_maskload_ps(a + i * lda + kk, mask);
+    DSP_BI_UNROLL for (int j = 0; j < NR; ++j) {
       const __m256 bv = _mm256_maskload_ps(b + j * ldb + kk, mask);
-      _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i) acc[i][j] = _mm256_fmadd_ps(av[i], bv, acc[i][j]);
+      DSP_BI_UNROLL for (int i = 0; i < MR; ++i) acc[i][j] = _mm256_fmadd_ps(av[i], bv, acc[i][j]);
     }
   }
-  _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i)
-    _Pragma("GCC unroll 8") for (int j = 0; j < NR; ++j) c[i * ldc + j] = bi_sum_avx2(acc[i][j]);
+  DSP_BI_UNROLL for (int i = 0; i < MR; ++i)
+    DSP_BI_UNROLL for (int j = 0; j < NR; ++j) c[i * ldc + j] = bi_sum_avx2(acc[i][j]);
 }
 #endif
 
@@ -122,17 +131,17 @@ void bi_tile_generic(const float* a, std::int64_t lda, const float* b, std::int6
                      std::int64_t k) {
   float acc[MR][NR][8] = {};
   for (std::int64_t kk = 0; kk < k; kk += 8) {
-    _Pragma("GCC unroll 8") for (int l = 0; l < 8; ++l) {
+    DSP_BI_UNROLL for (int l = 0; l < 8; ++l) {
       if (kk + l >= k) break;
-      _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i)
-        _Pragma("GCC unroll 8") for (int j = 0; j < NR; ++j) {
+      DSP_BI_UNROLL for (int i = 0; i < MR; ++i)
+        DSP_BI_UNROLL for (int j = 0; j < NR; ++j) {
           const float product = a[i * lda + kk + l] * b[j * ldb + kk + l];
           acc[i][j][l] = acc[i][j][l] + product;
         }
     }
   }
-  _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i)
-    _Pragma("GCC unroll 8") for (int j = 0; j < NR; ++j) {
+  DSP_BI_UNROLL for (int i = 0; i < MR; ++i)
+    DSP_BI_UNROLL for (int j = 0; j < NR; ++j) {
       const float* v = acc[i][j];
       const float h0 = v[0] + v[4], h1 = v[1] + v[5], h2 = v[2] + v[6], h3 = v[3] + v[7];
       c[i * ldc + j] = (h0 + h2) + (h1 + h3);
@@ -190,12 +199,15 @@ inline BiTile bi_tile(BiIsa isa, std::int64_t mr, std::int64_t nr) {
 // Columns [n0, n1) of C, every row.
 inline void bi_columns(BiIsa isa, std::int64_t m, std::int64_t n0, std::int64_t n1, std::int64_t k, const float* a,
                        std::int64_t lda, const float* b, std::int64_t ldb, float* c, std::int64_t ldc) {
+  // AVX2's 16 registers hold a 3 x 4 tile's 12 accumulators, 3 rows of A and a row of B; a
+  // 4 x 4 tile would spill accumulators to the stack (measured: half the speed).
+  const std::int64_t max_rows = isa == BiIsa::Avx2 ? 3 : 4;
   for (std::int64_t r0 = 0; r0 < m; r0 += bi_rows_per_block) {
     const std::int64_t r1 = std::min(m, r0 + bi_rows_per_block);
     for (std::int64_t j = n0; j < n1; j += 4) {
       const std::int64_t nr = std::min<std::int64_t>(4, n1 - j);
-      for (std::int64_t i = r0; i < r1; i += 4) {
-        const std::int64_t mr = std::min<std::int64_t>(4, r1 - i);
+      for (std::int64_t i = r0; i < r1; i += max_rows) {
+        const std::int64_t mr = std::min<std::int64_t>(max_rows, r1 - i);
         bi_tile(isa, mr, nr)(a + i * lda, lda, b + j * ldb, ldb, c + i * ldc + j, ldc, k);
       }
     }
@@ -225,3 +237,5 @@ inline void gemm_nt_batch_invariant(Host h, std::int64_t m, std::int64_t n, std:
 }
 
 }  // namespace dsp::backend
+
+#undef DSP_BI_UNROLL

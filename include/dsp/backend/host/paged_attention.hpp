@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "dsp/backend/host/parallel_for.hpp"
@@ -42,6 +43,30 @@ inline float paged_dot(const float* q, const float* k, std::int64_t d) {
   return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
 }
 
+// dst[i] = widen(src[i]) for i < d. Loops of a fixed 8 (and a remainder) are what gcc -O2
+// turns into vector code; each element is converted on its own, so the chunking changes no bit.
+template <class T>
+void kv_widen_row(const T* __restrict src, float* __restrict dst, std::int64_t d) {
+  std::int64_t i = 0;
+  for (; i + 8 <= d; i += 8)
+    for (int l = 0; l < 8; ++l) dst[i + l] = kv_widen(src[i + l]);
+  for (; i < d; ++i) dst[i] = kv_widen(src[i]);
+}
+
+// acc[i] += e * v[i] for i < d (each element on its own, as kv_widen_row).
+inline void kv_accumulate_row(float e, const float* __restrict v, float* __restrict acc, std::int64_t d) {
+  std::int64_t i = 0;
+  for (; i + 8 <= d; i += 8)
+    for (int l = 0; l < 8; ++l) acc[i + l] += e * v[i + l];
+  for (; i < d; ++i) acc[i] += e * v[i];
+}
+
+// Row j of sequence table `table` in a pool of `row`-value token rows.
+template <class T>
+const T* kv_row(const T* pool, const std::int32_t* table, std::int64_t block_size, std::int64_t row, std::int64_t j) {
+  return pool + (static_cast<std::int64_t>(table[j / block_size]) * block_size + j % block_size) * row;
+}
+
 template <class T>
 void paged_attention_token(const PagedKvLayer& kv, const float* q, std::int32_t position, std::int64_t t,
                            std::int64_t q_heads, std::int64_t kv_heads, std::int64_t head_dim, float* out,
@@ -53,15 +78,22 @@ void paged_attention_token(const PagedKvLayer& kv, const float* q, std::int32_t 
   scores.resize(static_cast<std::size_t>(keys));
   key.resize(static_cast<std::size_t>(head_dim));
   acc.resize(static_cast<std::size_t>(head_dim));
+  // Row j's head g (keys) or kv_heads + g (values) as fp32: the pool itself when it holds fp32.
+  const auto widened = [&](std::int64_t j, std::int64_t head) -> const float* {
+    const T* src = kv_row(pool, table, kv.block_size, row, j) + head * head_dim;
+    if constexpr (std::is_same_v<T, float>) {
+      return src;
+    } else {
+      kv_widen_row(src, key.data(), head_dim);
+      return key.data();
+    }
+  };
   for (std::int64_t h = 0; h < q_heads; ++h) {
     const std::int64_t g = h / group;
     const float* qh = q + (t * q_heads + h) * head_dim;
     float top = -INFINITY;
     for (std::int64_t j = 0; j < keys; ++j) {
-      const T* kj = pool + (static_cast<std::int64_t>(table[j / kv.block_size]) * kv.block_size + j % kv.block_size) * row +
-                    g * head_dim;
-      for (std::int64_t i = 0; i < head_dim; ++i) key[static_cast<std::size_t>(i)] = kv_widen(kj[i]);
-      scores[static_cast<std::size_t>(j)] = paged_dot(qh, key.data(), head_dim) * scale;
+      scores[static_cast<std::size_t>(j)] = paged_dot(qh, widened(j, g), head_dim) * scale;
       top = std::max(top, scores[static_cast<std::size_t>(j)]);
     }
     std::fill(acc.begin(), acc.end(), 0.0f);
@@ -69,9 +101,7 @@ void paged_attention_token(const PagedKvLayer& kv, const float* q, std::int32_t 
     for (std::int64_t j = 0; j < keys; ++j) {
       const float e = std::exp(scores[static_cast<std::size_t>(j)] - top);
       sum += e;
-      const T* vj = pool + (static_cast<std::int64_t>(table[j / kv.block_size]) * kv.block_size + j % kv.block_size) * row +
-                    (kv_heads + g) * head_dim;
-      for (std::int64_t i = 0; i < head_dim; ++i) acc[static_cast<std::size_t>(i)] += e * kv_widen(vj[i]);
+      kv_accumulate_row(e, widened(j, kv_heads + g), acc.data(), head_dim);
     }
     float* oh = out + (t * q_heads + h) * head_dim;
     for (std::int64_t i = 0; i < head_dim; ++i) oh[i] = acc[static_cast<std::size_t>(i)] / sum;
