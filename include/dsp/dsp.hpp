@@ -11,7 +11,7 @@
 #include "dsp/parallel/sharded_tensor.hpp"
 #include "dsp/policy.hpp"
 #include "dsp/serve/consistency.hpp"
-#include "dsp/serve/generator.hpp"
+#include "dsp/serve/engine.hpp"
 #include "dsp/train/checkpointing.hpp"
 #include "dsp/train/metrics.hpp"
 #include "dsp/train/trainer.hpp"
