@@ -75,8 +75,16 @@ class Attention {
     Tensor probs, lse;
     if (ctx.paged) {  // serving: this call's keys/values into the cache, attention over it
       const backend::PagedKvLayer kv = ctx.paged->layer(layer_);
-      paged_kv_write(Backend{}, kv, k.data(), v.data(), n, kv_heads_, d_);
-      paged_attention_forward(Backend{}, kv, q.data(), positions.data(), n, heads_, kv_heads_, d_, context.data());
+      if constexpr (requires {
+                      paged_kv_write(Backend{}, kv, k.data(), v.data(), n, kv_heads_, d_);
+                      paged_attention_forward(Backend{}, kv, q.data(), positions.data(), n, heads_, kv_heads_, d_,
+                                              context.data());
+                    }) {
+        paged_kv_write(Backend{}, kv, k.data(), v.data(), n, kv_heads_, d_);
+        paged_attention_forward(Backend{}, kv, q.data(), positions.data(), n, heads_, kv_heads_, d_, context.data());
+      } else {
+        throw Error("serving: this backend has no paged attention op (paged_kv_write, paged_attention_forward)");
+      }
     } else if (flash_) {
       if (saved) lse = Tensor({ctx.batch, heads_, ctx.seq});
       flash_attention_forward(Backend{}, q.data(), k.data(), v.data(), positions.data(), ctx.batch, ctx.seq,
