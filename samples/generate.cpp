@@ -76,6 +76,7 @@ int main(int argc, char** argv) {
     DSP_CHECK_AS(dsp::ConfigError, ep == 1 || model_config.is_moe(), "--expert-parallel-size ", ep,
                  " needs an MoE model; this checkpoint's is dense");
     std::vector<Result> results(prompts.size());
+    bool driver_process = false;  // under mpiexec only rank 0's process prints the results
     samples::run_ranks(tp * ep, [&]<class Comm>(Comm& world) {
       using P = dsp::Policy<dsp::backend::Host, Comm>;
       dsp::DeviceMesh mesh(world, dsp::ParallelLayout{.tensor = tp, .expert = ep});
@@ -83,6 +84,7 @@ int main(int argc, char** argv) {
       dsp::checkpoint::load_model(load, model);
       dsp::serve::Engine<P> engine(model, world, config);
       const bool driver = world.rank() == 0;
+      if (driver) driver_process = true;
       if (driver)
         std::fprintf(stderr, "dsp-generate: KV cache: %lld blocks of %lld tokens per rank (%lld bytes, %s), max model len %lld\n",
                      static_cast<long long>(engine.block_manager().num_blocks()), static_cast<long long>(config.block_size),
@@ -123,7 +125,7 @@ int main(int argc, char** argv) {
                      static_cast<long long>(st.prefix_cache_hits), static_cast<long long>(st.prefix_cache_queries));
       }
     });
-    for (std::size_t i = 0; i < results.size(); ++i) {
+    for (std::size_t i = 0; driver_process && i < results.size(); ++i) {
       const Result& r = results[i];
       std::printf("=== prompt %zu (TP%d%s) ===\n", i, tp, ep > 1 ? (" x EP" + std::to_string(ep)).c_str() : "");
       std::fwrite(prompts[i].data(), 1, prompts[i].size(), stdout);  // bytes as they are, NUL included
