@@ -20,6 +20,7 @@
 
 #include "cli.hpp"
 #include "dsp/backend/host/copy_columns.hpp"
+#include "dsp/checkpoint/iterations.hpp"
 #include "dsp/checkpoint/model_io.hpp"
 #include "dsp/pp/engine.hpp"
 #include "dsp/pp/layer_split.hpp"
@@ -112,6 +113,7 @@ int main(int argc, char** argv) {
   app.add_option("--prompts-file", prompts_file, "one prompt per line (default: 9 built-in prompts)");
   app.add_option("--tolerance", tolerance, "exit 1 when max |logit diff| exceeds this");
   return samples::run_main(app, argc, argv, [&] {
+    load = dsp::checkpoint::resolve_checkpoint(load).string();  // a folder of iter_* checkpoints: its latest
     const auto prompts = prompts_file.empty() ? dsp::serve::default_prompts() : samples::read_prompts_file(prompts_file);
     std::vector<std::vector<std::int32_t>> ids;
     for (const auto& text : prompts) ids.push_back(dsp::serve::encode_bytes(text));
@@ -119,6 +121,7 @@ int main(int argc, char** argv) {
       const auto extra = dsp::checkpoint::read_manifest(load).meta.extra;
       reference = extra.contains("resharded_from") ? extra["resharded_from"]["checkpoint"].get<std::string>() : load;
     }
+    reference = dsp::checkpoint::resolve_checkpoint(reference).string();
     const dsp::ParallelLayout trained = dsp::checkpoint::read_manifest(reference).meta.layout;
     const int reference_tp = trained.tensor;
     const int reference_pp =  // PP1 when an explicit split left stages without layers

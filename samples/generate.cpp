@@ -15,6 +15,7 @@
 #include "ranks.hpp"
 #include "serving_flags.hpp"
 #include "dsp/backend/host.hpp"
+#include "dsp/checkpoint/iterations.hpp"
 #include "dsp/checkpoint/model_io.hpp"
 #include "dsp/serve/consistency.hpp"
 #include "dsp/serve/engine.hpp"
@@ -54,6 +55,7 @@ int main(int argc, char** argv) {
   app.add_option("--seed", sampling.seed, "sampling seed (prompt i draws from stream i)");
   serving.add_to(app);
   return samples::run_main(app, argc, argv, [&] {
+    load = dsp::checkpoint::resolve_checkpoint(load).string();  // a folder of iter_* checkpoints: its latest
     if (!prompts_file.empty()) prompts = samples::read_prompts_file(prompts_file);
     DSP_CHECK_AS(dsp::InputError, !prompts.empty(), "give --prompt TEXT or --prompts-file FILE");
     for (auto& text : prompts) text = samples::unescape_newlines(text);

@@ -7,6 +7,7 @@
 //   dsp-reshard --load ckpt --save serve_tp4 --tensor-model-parallel-size 4 --no-save-optim
 //   dsp-reshard --load ckpt --save hf_model --merge
 #include "cli.hpp"
+#include "dsp/checkpoint/iterations.hpp"
 #include "dsp/checkpoint/manifest.hpp"
 #include "dsp/checkpoint/merge.hpp"
 #include "dsp/checkpoint/reshard.hpp"
@@ -28,6 +29,7 @@ int main(int argc, char** argv) {
   app.add_flag("--merge", merge, "write one model.safetensors + config.json with Hugging Face names instead")
       ->excludes(no_optim);
   return samples::run_main(app, argc, argv, [&] {
+    load = dsp::checkpoint::resolve_checkpoint(load).string();  // a folder of iter_* checkpoints: its latest
     if (merge) {
       dsp::checkpoint::merge(load, save);
       std::printf("merged %s into %s (model.safetensors, config.json)\n", load.c_str(), save.c_str());

@@ -32,7 +32,9 @@
 #include "ranks.hpp"
 #include "dsp/core/trace.hpp"
 #include "dsp/train/checkpointing.hpp"
+#include "dsp/train/exit_signal.hpp"
 #include "dsp/train/metrics.hpp"
+#include "dsp/train/metrics_log.hpp"
 #include "dsp/train/trainer.hpp"
 
 namespace {
@@ -50,6 +52,10 @@ struct Options {
   dsp::train::TrainConfig train;
   std::int64_t eval_interval = 0, save_interval = 0, exit_interval = 0, log_interval = 10;
   std::string data_path, save, load, metrics_file, grad_reduce_dtype = "fp32";
+  std::int64_t save_retain = 0;             // --save-retain: keep the newest N iterations (0: all)
+  std::optional<std::int64_t> ckpt_step;    // --ckpt-step: load this iteration, not the tracker's
+  bool overwrite_checkpoints = false;       // --overwrite-checkpoints: skip the later-iteration check
+  bool exit_signal_handler = true;          // --exit-signal-handler / --no-exit-signal-handler
   dsp::precision::LossScalerConfig loss_scaler;  // used when --initial-loss-scale or --fp16 is given
   bool bf16 = false, fp16 = false;                // --bf16, --fp16: the precision policy
   double peak_flops = 0;
@@ -131,7 +137,14 @@ void add_flags(CLI::App& app, Options& o) {
       ->check(samples::at_least(0));
   app.add_option("--exit-interval", o.exit_interval, "stop (after saving) at the first step divisible by N")
       ->check(samples::at_least(0));
-  app.add_option("--load", o.load, "checkpoint directory to resume from");
+  app.add_option("--save-retain", o.save_retain, "keep only the newest N iter_* checkpoints in --save (0: all)")
+      ->check(samples::at_least(0));
+  app.add_flag("--overwrite-checkpoints", o.overwrite_checkpoints,
+               "save even when --save holds an iteration at or after the first one this run writes");
+  app.add_flag("--exit-signal-handler,!--no-exit-signal-handler", o.exit_signal_handler,
+               "on SIGTERM or SIGINT finish the step, save to --save and exit 0 (a second signal exits at once)");
+  app.add_option("--load", o.load, "checkpoint to resume from: a folder of iter_* checkpoints (its latest_checkpointed_iteration.txt) or one checkpoint");
+  app.add_option("--ckpt-step", o.ckpt_step, "load this iteration of --load instead of the tracker's")->check(samples::at_least(0));
   app.add_option("--data-path", o.data_path, "text file; bytes are tokens, the last 10% is validation")->required();
   app.add_option("--metrics-file", o.metrics_file, "JSON lines: step, loss, val_loss, lr, grad_norm, tokens_per_s, mfu, step_time_s, bubble_fraction, peak_activation_bytes, memory (rank 0's live bytes at the step's end by category: parameters, gradients, optimizer_state, activations, communication, workspace, total; and their peaks over the step: peak_<category>, peak_total), moe (per MoE layer: tokens_per_expert, max_over_mean_load, dropped, aux_loss), loss_scale and skipped (with --initial-loss-scale) (global rank 0)");
   app.add_option("--peak-flops", o.peak_flops, "FLOP/s that MFU is measured against (default: measured sgemm peak)");
@@ -202,7 +215,19 @@ void train(Options& o) {
   o.train.validate();  // the Trainer checks again; here before the sgemm peak and the data are read
   if (o.peak_flops <= 0) o.peak_flops = dsp::train::measure_sgemm_peak<dsp::backend::Host>();
   const auto data = dsp::train::TokenDataset::from_file(o.data_path, o.model.seq_length);
-  if (!o.save.empty()) dsp::checkpoint::check_replaceable(o.save);  // fail now, not after training
+  std::int64_t start = 0;  // the iteration this run resumes from
+  if (!o.load.empty()) {
+    o.load = dsp::checkpoint::resolve_checkpoint(o.load, o.ckpt_step).string();  // the iter_* folder
+    start = dsp::checkpoint::read_manifest(o.load).meta.iteration;
+  }
+  if (!o.save.empty() && !o.overwrite_checkpoints && start < o.train.train_iters) {  // fail now, not after training
+    std::int64_t first_save = o.train.train_iters;
+    for (std::int64_t every : {o.save_interval, o.exit_interval})
+      if (every > 0) first_save = std::min(first_save, (start / every + 1) * every);
+    dsp::checkpoint::check_save_root(o.save, first_save);
+  }
+  std::optional<dsp::train::ExitSignalHandler> signals;  // this process's SIGTERM / SIGINT
+  if (o.exit_signal_handler) signals.emplace();
   if (!o.profile_file.empty()) {
     DSP_CHECK_AS(dsp::ConfigError, o.profile_step_start >= 1 && o.profile_step_end > o.profile_step_start,
                  "--profile-step-start (", o.profile_step_start, ") must be >= 1 and below --profile-step-end (",
@@ -232,15 +257,15 @@ void train(Options& o) {
                     static_cast<long long>(trainer.sampler().accumulation_steps()),
                     static_cast<long long>(o.train.micro_batch_size), o.peak_flops / 1e9);
         if (o.print_schedule) std::printf("%s", dsp::pp::to_table(trainer.engine().schedule()).c_str());
+        if (trainer.iteration() > 0)
+          std::printf("dsp-train: resuming from iteration %lld of %s\n", static_cast<long long>(trainer.iteration()),
+                      o.load.c_str());
         if (trainer.iteration() >= o.train.train_iters)
           std::printf("dsp-train: the checkpoint in %s is at iteration %lld, not below --train-iters %lld: nothing to "
                       "train\n",
                       o.load.c_str(), static_cast<long long>(trainer.iteration()),
                       static_cast<long long>(o.train.train_iters));
-        if (!o.metrics_file.empty()) {
-          metrics.emplace(o.metrics_file, trainer.iteration() > 0 ? std::ios::app : std::ios::trunc);
-          DSP_CHECK_AS(dsp::InputError, metrics->good(), "cannot write metrics file '", o.metrics_file, "'");
-        }
+        if (!o.metrics_file.empty()) metrics = dsp::train::open_metrics_log(o.metrics_file, trainer.iteration());
       }
       const auto t_start = std::chrono::steady_clock::now();
       const std::int64_t first = trainer.iteration();
@@ -256,11 +281,13 @@ void train(Options& o) {
         const auto r = trainer.train_step();  // a profiled step's evaluation and save are in its trace too
         const bool stepped = !r.skipped;       // a skipped step (loss-scale overflow) did not advance the iteration
         const bool last = stepped && r.iteration == o.train.train_iters;
-        const bool stop = last || (stepped && o.exit_interval > 0 && r.iteration % o.exit_interval == 0);
+        const bool signalled = signals && dsp::train::exit_signal_agreed(world);  // all ranks: the same step
+        const bool stop = last || signalled || (stepped && o.exit_interval > 0 && r.iteration % o.exit_interval == 0);
         const bool eval = last || (stepped && o.eval_interval > 0 && r.iteration % o.eval_interval == 0);
         const double val = eval ? trainer.evaluate() : 0.0;
+        std::filesystem::path saved;
         if (!o.save.empty() && (stop || (stepped && o.save_interval > 0 && r.iteration % o.save_interval == 0)))
-          dsp::train::save_checkpoint(o.save, trainer);
+          saved = dsp::train::save_iteration(o.save, trainer, o.save_retain);
         if (lead) {
           const double tps = static_cast<double>(r.tokens) / r.seconds;
           const double mfu = dsp::train::mfu(flops_per_token, tps, o.peak_flops);
@@ -296,6 +323,12 @@ void train(Options& o) {
           }
           std::fflush(stdout);
           routing.add(r.moe);
+          if (signalled)
+            std::printf("dsp-train: %s received: stopped after iteration %lld%s%s\n",
+                        dsp::train::exit_signal_received() == SIGINT ? "SIGINT" : "SIGTERM",
+                        static_cast<long long>(trainer.iteration()), saved.empty() ? ", not saved (no --save)" : ", saved to ",
+                        saved.c_str());
+          std::fflush(stdout);
         }
         if (stop) break;
       }
@@ -312,8 +345,10 @@ void train(Options& o) {
       if (lead) {
         routing.print();
         const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+        const std::string saved =
+            o.save.empty() ? "" : (std::filesystem::path(o.save) / dsp::checkpoint::iteration_folder_name(trainer.iteration())).string();
         std::printf("trained %lld steps in %.1f s%s%s\n", static_cast<long long>(trainer.iteration() - first), elapsed,
-                    o.save.empty() ? "" : ", checkpoint in ", o.save.c_str());
+                    o.save.empty() ? "" : ", checkpoint in ", saved.c_str());
       }
     };
     if (o.bf16) run.template operator()<dsp::precision::Bf16Mixed>();

@@ -22,7 +22,7 @@ if [ "${1:-}" = pp ]; then
   out=${DSP_DEMO_DIR:-out/demo_pp}
   mkdir -p "$out"
   echo "== 1. train (TP2 x PP2, world 4, 1F1B) =="
-  "$bin/dsp-train" --config samples/configs/demo_pp.json --save "$out/ckpt" --metrics-file "$out/metrics.jsonl"
+  "$bin/dsp-train" --config samples/configs/demo_pp.json --save "$out/ckpt" --overwrite-checkpoints --metrics-file "$out/metrics.jsonl"
   echo "== 2. serve at TP4 on one pipeline stage: generate, and check against the TP2 x PP2 layout =="
   "$bin/dsp-generate" --load "$out/ckpt" --tensor-model-parallel-size 4 --prompt "JULIET:" --max-new-tokens 90 \
     --temperature 0.8 --top-k 40 --top-p 0.95 --seed 7
@@ -35,7 +35,7 @@ if [ "${1:-}" = moe ]; then
   out=${DSP_DEMO_DIR:-out/demo_moe}
   mkdir -p "$out"
   echo "== 1. train (TP2 x EP2 on 4 ranks: DP2, the experts split over the two DP ranks) =="
-  "$bin/dsp-train" --config samples/configs/demo_moe.json --save "$out/ckpt" --metrics-file "$out/metrics.jsonl"
+  "$bin/dsp-train" --config samples/configs/demo_moe.json --save "$out/ckpt" --overwrite-checkpoints --metrics-file "$out/metrics.jsonl"
   echo "== 2. reshard to TP1 / EP1, generate, and check against the TP2 x EP2 checkpoint =="
   "$bin/dsp-reshard" --load "$out/ckpt" --save "$out/ckpt_tp1" --tensor-model-parallel-size 1 --no-save-optim
   "$bin/dsp-generate" --load "$out/ckpt_tp1" --prompt "ROMEO:" --max-new-tokens 90 --temperature 0.8 --top-k 40 --seed 1
@@ -49,7 +49,7 @@ mkdir -p "$out"
 
 echo "== 1. train (TP2 x DP2, world 4) =="
 start=$(date +%s)
-"$bin/dsp-train" --config samples/configs/demo.json --save "$out/ckpt_tp2" --metrics-file "$out/metrics.jsonl"
+"$bin/dsp-train" --config samples/configs/demo.json --save "$out/ckpt_tp2" --overwrite-checkpoints --metrics-file "$out/metrics.jsonl"
 echo "training wall time: $(( $(date +%s) - start )) s"
 
 echo "== 2. reshard TP2 -> TP1 and TP4 (serving checkpoints: the model without the Adam moments) =="

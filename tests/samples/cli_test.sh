@@ -132,7 +132,7 @@ for tp in 1 4; do
 done
 # without --reference the check finds the training checkpoint through the manifest
 "$bin/dsp-consistency-check" --load "$work/ckpt_tp4" --tensor-model-parallel-size 4 >"$work/cc" \
-  && grep -q "\"reference\":\"$work/ckpt\"" "$work/cc" && grep -q '"consistent":true' "$work/cc" && ok \
+  && grep -q "\"reference\":\"$work/ckpt/iter_0000006\"" "$work/cc" && grep -q '"consistent":true' "$work/cc" && ok \
   || fail "consistency against the recorded source: $(cat "$work/cc")"
 diff <(text_of "$work/gen1" | tail -n +2) <(text_of "$work/gen4" | tail -n +2) >/dev/null && ok || fail "TP1 and TP4 greedy generations differ"
 "$bin/dsp-reshard" --load "$work/ckpt" --save "$work/hf" --merge >/dev/null && [ -f "$work/hf/model.safetensors" ] \
@@ -160,7 +160,7 @@ done
   && diff <(text_of "$work/gen4") <(text_of "$work/gen_serve") >/dev/null && ok \
   || fail "generation from the serving checkpoint differs from TP4's"
 cp -r "$work/ckpt" "$work/ckpt_broken_optim"
-for f in "$work/ckpt_broken_optim"/optim_*; do truncate -s 100 "$f"; done
+for f in "$work/ckpt_broken_optim"/iter_0000006/optim_*; do truncate -s 100 "$f"; done
 "$bin/dsp-generate" --load "$work/ckpt_broken_optim" --tensor-model-parallel-size 4 --prompt "ROMEO:" --max-new-tokens 8 \
   >"$work/gen_broken" && diff <(text_of "$work/gen4") <(text_of "$work/gen_broken") >/dev/null && ok \
   || fail "generation with truncated optimizer files: $(cat "$work/gen_broken")"
@@ -292,7 +292,7 @@ for tp in 1 4; do
     || fail "reshard of the TP2 x PP2 checkpoint to TP$tp: $(cat "$work/out")"
 done
 "$bin/dsp-consistency-check" --load "$work/ckpt_pp_tp4" --tensor-model-parallel-size 4 >"$work/cc" \
-  && grep -q "\"reference\":\"$work/ckpt_pp\"" "$work/cc" && grep -q '"reference_layout":"TP2/PP2/DP1"' "$work/cc" \
+  && grep -q "\"reference\":\"$work/ckpt_pp/iter_0000006\"" "$work/cc" && grep -q '"reference_layout":"TP2/PP2/DP1"' "$work/cc" \
   && grep -q '"consistent":true' "$work/cc" && ok || fail "consistency of the TP2 x PP2 checkpoint at TP4/PP1: $(cat "$work/cc")"
 "$bin/dsp-consistency-check" --load "$work/ckpt_pp_tp1" --tensor-model-parallel-size 1 >"$work/cc" \
   && grep -q '"consistent":true' "$work/cc" && ok || fail "consistency of the TP2 x PP2 checkpoint at TP1/PP1: $(cat "$work/cc")"
@@ -455,20 +455,26 @@ expect_fail "shared expert size not a multiple" "--moe-shared-expert-intermediat
   "$bin/dsp-train" "${moe[@]}" --moe-shared-expert-intermediate-size 24 --metrics-file "$work/m17"
 
 mkdir -p "$work/notes" && echo keep >"$work/notes/keep.txt"
-expect_fail "--save onto a directory of other files (refused before training)" "refusing to replace" "$work/m7" -- \
-  "$bin/dsp-train" "${model[@]}" --save "$work/notes" --metrics-file "$work/m7"
-[ -f "$work/notes/keep.txt" ] && ok || fail "--save destroyed a foreign directory"
+"$bin/dsp-train" "${model[@]}" --save "$work/notes" --metrics-file "$work/m7" >/dev/null || fail "--save into a folder of other files"
+[ -f "$work/notes/keep.txt" ] && [ -f "$work/notes/iter_0000006/manifest.json" ] && ok \
+  || fail "--save into a folder of other files: iter_0000006 missing or keep.txt lost"
+# The run saved 6 iterations into ckpt (3 + resumed 3): starting over there without --load is refused.
+expect_fail "--save over a later iteration without --load" "holds iteration 6, and this run would write iteration 2" \
+  "$work/m7b" -- "$bin/dsp-train" --world-size 2 --tensor-model-parallel-size 2 "${model[@]}" --train-iters 2 \
+  --save "$work/ckpt" --metrics-file "$work/m7b"
+[ "$(cat "$work/ckpt/latest_checkpointed_iteration.txt")" = 6 ] && [ -d "$work/ckpt/iter_0000006" ] && ok \
+  || fail "the refused run touched ckpt"
 expect_fail "reshard onto itself" "onto itself" "" -- \
   "$bin/dsp-reshard" --load "$work/ckpt" --save "$work/ckpt" --tensor-model-parallel-size 1
 expect_fail "--load of a path that does not exist" "does not exist" "" -- \
   "$bin/dsp-generate" --load "$work/nowhere" --prompt "A"
 
 cp -r "$work/ckpt" "$work/trunc"
-f=$(ls "$work/trunc"/model_*.safetensors | head -n 1)
+f=$(ls "$work/trunc"/iter_0000006/model_*.safetensors | head -n 1)
 truncate -s -100 "$f"
 expect_fail "truncated shard" "$(basename "$f")" "" -- "$bin/dsp-generate" --load "$work/trunc" --prompt "A" --max-new-tokens 1
 cp -r "$work/ckpt" "$work/corrupt"
-f=$(ls "$work/corrupt"/model_*.safetensors | tail -n 1)
+f=$(ls "$work/corrupt"/iter_0000006/model_*.safetensors | tail -n 1)
 printf '\x7f' | dd of="$f" bs=1 seek=200 conv=notrunc status=none
 expect_fail "corrupted shard" "$(basename "$f")" "" -- "$bin/dsp-generate" --load "$work/corrupt" --prompt "A" --max-new-tokens 1
 mkdir -p "$work/empty"

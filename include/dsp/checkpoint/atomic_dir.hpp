@@ -78,6 +78,7 @@ class AtomicDir {
       sync_to_disk(it->path());
     if (ec) throw CheckpointError(dsp::detail::concat(tmp_.string(), ": cannot list: ", ec.message()));
     sync_to_disk(tmp_);
+    detail::save_point("files synced");
 
     std::filesystem::path old;
     if (std::filesystem::exists(std::filesystem::symlink_status(target_, ec))) {
@@ -86,6 +87,7 @@ class AtomicDir {
       if (ec)
         throw CheckpointError(
             dsp::detail::concat(target_.string(), ": cannot rename aside to ", old.string(), ": ", ec.message()));
+      detail::save_point("old folder renamed aside");
     }
     std::filesystem::rename(tmp_, target_, ec);
     if (ec) {
@@ -95,6 +97,7 @@ class AtomicDir {
           dsp::detail::concat(tmp_.string(), ": cannot rename to ", target_.string(), ": ", ec.message()));
     }
     committed_ = true;
+    detail::save_point("folder renamed into place");
     if (!old.empty()) std::filesystem::remove_all(old, ec);
     sync_to_disk(target_.parent_path());
   }

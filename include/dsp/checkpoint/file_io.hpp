@@ -60,6 +60,15 @@ class Fd {
   int fd_;
 };
 
+/// Fault injection for tests: when set, called at every boundary of a checkpoint save (a file
+/// closed, a folder or the tracker renamed) with what was just done, from whichever rank did
+/// it; a test makes it kill the process there (tests/checkpoint/test_iterations.cpp). Null in
+/// programs.
+inline void (*save_point_hook)(const char* what) = nullptr;
+inline void save_point(const char* what) {
+  if (save_point_hook) save_point_hook(what);
+}
+
 }  // namespace detail
 
 /// Writes a new file (created, or truncated when it exists) and accumulates its FileDigest.
@@ -87,6 +96,7 @@ class FileWriter {
   FileDigest close() {
     if (const int err = fd_.close(); err != 0)
       throw CheckpointError(dsp::detail::concat(path_.string(), ": close failed: ", detail::os_reason(err)));
+    detail::save_point("file closed");
     return digest_;
   }
 

@@ -8,6 +8,7 @@
 // The tensors are written in global_model_order, so the result does not depend on the
 // source's pipeline layout. As in a checkpoint training wrote, the model files hold the model
 // alone and the AdamW moments go to partition files, so serving reads no optimizer state.
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <string>
@@ -45,8 +46,10 @@ enum class OptimizerState {
 inline void reshard(const std::filesystem::path& src_dir, const std::filesystem::path& dst_dir, int target_tp,
                     int target_dp, OptimizerState optimizer = OptimizerState::Keep) {
   std::error_code ec;
-  DSP_CHECK_AS(ConfigError, !std::filesystem::equivalent(src_dir, dst_dir, ec), "cannot reshard ", src_dir.string(),
-               " onto itself: --save must name another directory");
+  const auto src = std::filesystem::weakly_canonical(src_dir, ec), dst = std::filesystem::weakly_canonical(dst_dir, ec);
+  const bool inside = std::mismatch(dst.begin(), dst.end(), src.begin(), src.end()).first == dst.end();
+  DSP_CHECK_AS(ConfigError, !inside, "cannot reshard ", src_dir.string(), " onto itself (--save ", dst_dir.string(),
+               " is it or holds it): --save must name another directory");
   DSP_CHECK_AS(ConfigError, target_tp >= 1 && target_dp >= 1, "cannot reshard ", src_dir.string(), " to TP ",
                target_tp, " / DP ", target_dp, ": sizes must be >= 1");
   const bool keep = optimizer == OptimizerState::Keep;

@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "dsp/checkpoint/iterations.hpp"
 #include "dsp/checkpoint/model_io.hpp"
 #include "dsp/checkpoint/save.hpp"
 #include "dsp/core/space_buffer.hpp"
@@ -176,13 +177,47 @@ void save_checkpoint(const std::filesystem::path& dir, Trainer<Policy>& t) {
   dp.barrier();  // nobody reads `dir` before it is complete
 }
 
-/// Resumes from `dir` (saved at any TP, PP, DP and expert-parallel size and ZeRO stage):
+namespace detail {
+// Runs f on global rank 0 while every rank waits until it is done (over the model and data
+// groups: the mesh has no world group).
+template <class Comm, class F>
+void on_rank0_then_all(DeviceMesh<Comm>& mesh, F&& f) {
+  if (mesh.dp_rank() == 0) {
+    if (mesh.global_rank() == 0) f();
+    mesh.model_group().barrier();
+  }
+  mesh.data_group().barrier();
+}
+}  // namespace detail
+
+/// Saves the training state as Megatron lays out a run's checkpoints (checkpoint/
+/// iterations.hpp): `root`/iter_<iteration> written atomically (save_checkpoint), then, on
+/// global rank 0, the tracker `root`/latest_checkpointed_iteration.txt replaced atomically,
+/// the leftovers of interrupted saves removed and only the newest `retain` iterations kept
+/// (retain <= 0: all). Collective over the whole mesh; returns the iteration folder. Throws
+/// CheckpointError naming the file when writing fails (the tracker then still names the
+/// previous, complete iteration).
+template <class Policy>
+std::filesystem::path save_iteration(const std::filesystem::path& root, Trainer<Policy>& t, std::int64_t retain = 0) {
+  const std::filesystem::path dir = root / checkpoint::iteration_folder_name(t.iteration());
+  save_checkpoint(dir, t);
+  detail::on_rank0_then_all(t.mesh(), [&] {
+    checkpoint::write_tracker(root, t.iteration());
+    checkpoint::remove_leftovers(root);
+    checkpoint::retain_newest(root, retain);
+  });
+  return dir;
+}
+
+/// Resumes from `path` (saved at any TP, PP, DP and expert-parallel size and ZeRO stage):
 /// parameters, moments (each rank reads the elements it owns), optimizer step, data position
 /// and the loss scaler's state (when both runs scale the loss). Throws CheckpointError for a
 /// missing, truncated or corrupted checkpoint, one of another model config or seed, or one
-/// without optimizer state.
+/// without optimizer state. `path` is one checkpoint or a folder of iter_* checkpoints, read at
+/// the iteration its tracker names (checkpoint::resolve_checkpoint).
 template <class Policy>
-void load_checkpoint(const std::filesystem::path& dir, Trainer<Policy>& t) {
+void load_checkpoint(const std::filesystem::path& path, Trainer<Policy>& t) {
+  const std::filesystem::path dir = checkpoint::resolve_checkpoint(path);
   const checkpoint::Manifest m = checkpoint::read_manifest(dir);  // the reader verifies every file
   checkpoint::check_model_config(dir, m, t.model_config());
   DSP_CHECK_AS(CheckpointError, m.meta.extra.contains("sampler") && m.meta.extra.value("seed", std::uint64_t{0}) == t.config().seed,
