@@ -20,12 +20,14 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <optional>
+#include <thread>
 
 #include "cli.hpp"
 #include "model_flags.hpp"
@@ -35,6 +37,7 @@
 #include "dsp/train/exit_signal.hpp"
 #include "dsp/train/metrics.hpp"
 #include "dsp/train/metrics_log.hpp"
+#include "dsp/train/peak_flops.hpp"
 #include "dsp/train/trainer.hpp"
 
 namespace {
@@ -147,7 +150,7 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--ckpt-step", o.ckpt_step, "load this iteration of --load instead of the tracker's")->check(samples::at_least(0));
   app.add_option("--data-path", o.data_path, "text file; bytes are tokens, the last 10% is validation")->required();
   app.add_option("--metrics-file", o.metrics_file, "JSON lines: step, loss, val_loss, lr, grad_norm, tokens_per_s, mfu, step_time_s, bubble_fraction, peak_activation_bytes, memory (rank 0's live bytes at the step's end by category: parameters, gradients, optimizer_state, activations, communication, workspace, total; and their peaks over the step: peak_<category>, peak_total), moe (per MoE layer: tokens_per_expert, max_over_mean_load, dropped, aux_loss), loss_scale and skipped (with --initial-loss-scale) (global rank 0)");
-  app.add_option("--peak-flops", o.peak_flops, "FLOP/s that MFU is measured against (default: measured sgemm peak)");
+  app.add_option("--peak-flops", o.peak_flops, "FLOP/s that MFU is measured against (default: this machine's sgemm peak, measured once and cached in ~/.cache/dsp/peak_flops.json or $DSP_PEAK_FLOPS_CACHE)");
   app.add_option("--profile-file", o.profile_file, "write a Chrome trace (ui.perfetto.dev) of the profiled steps here");
   app.add_option("--profile-step-start", o.profile_step_start, "first profiled optimizer step (1-based; default 2)");
   app.add_option("--profile-step-end", o.profile_step_end, "profiled steps end before this one (default 4)");
@@ -211,9 +214,24 @@ std::string eta(double seconds) {
   return buf;
 }
 
+// The peak MFU divides by: the machine's cached sgemm peak (train/peak_flops.hpp). Under
+// mpiexec the first process of each host measures it while the others sleep, then they read it.
+double machine_peak_flops() {
+  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+  if (!samples::started_by_mpiexec() || !local || std::string(local) == "0")
+    return dsp::train::cached_sgemm_peak<dsp::backend::Host>("host");
+  const auto cache = dsp::train::peak_flops_cache_path();
+  const std::string key = dsp::train::machine_key("host");
+  for (int i = 0; i < 1200; ++i) {  // at most 2 minutes
+    if (const double peak = dsp::train::read_cached_peak(cache, key); peak > 0) return peak;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return dsp::train::cached_sgemm_peak<dsp::backend::Host>("host");  // the cache cannot be written: measure
+}
+
 void train(Options& o) {
   o.train.validate();  // the Trainer checks again; here before the sgemm peak and the data are read
-  if (o.peak_flops <= 0) o.peak_flops = dsp::train::measure_sgemm_peak<dsp::backend::Host>();
+  if (o.peak_flops <= 0) o.peak_flops = machine_peak_flops();
   const auto data = dsp::train::TokenDataset::from_file(o.data_path, o.model.seq_length);
   std::int64_t start = 0;  // the iteration this run resumes from
   if (!o.load.empty()) {
@@ -291,12 +309,15 @@ void train(Options& o) {
         if (lead) {
           const double tps = static_cast<double>(r.tokens) / r.seconds;
           const double mfu = dsp::train::mfu(flops_per_token, tps, o.peak_flops);
+          const bool mfu_ok = dsp::train::plausible_mfu(mfu);  // over 100%: the peak is wrong, no figure
           if (metrics) {
             nlohmann::json j = {{"step", r.iteration}, {"loss", r.loss},         {"lr", r.lr},
-                                {"grad_norm", r.grad_norm}, {"tokens_per_s", tps}, {"mfu", mfu},
+                                {"grad_norm", r.grad_norm}, {"tokens_per_s", tps},
+                                {"mfu", mfu_ok ? nlohmann::json(mfu) : nlohmann::json(nullptr)},
                                 {"step_time_s", r.seconds}, {"bubble_fraction", r.bubble_fraction},
                                 {"peak_activation_bytes", r.peak_activation_bytes}};
             if (eval) j["val_loss"] = val;
+            if (!mfu_ok) j["mfu_error"] = "over 100%: the peak FLOP/s is wrong (pass --peak-flops)";
             if (trainer.loss_scaler()) {
               j["loss_scale"] = r.loss_scale;
               j["skipped"] = r.skipped;
@@ -309,10 +330,13 @@ void train(Options& o) {
           const std::int64_t done = trainer.iteration();  // optimizer steps (a skipped step is not one)
           const double remaining = elapsed / static_cast<double>(done - first) * static_cast<double>(o.train.train_iters - done);
           const std::string eta_text = done > first ? eta(remaining) : "-";  // nothing stepped yet: no rate
-          char line[256];
-          std::snprintf(line, sizeof line, "iter %5lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | MFU %.1f%% | eta %s",
+          char mfu_text[48];
+          if (mfu_ok) std::snprintf(mfu_text, sizeof mfu_text, "%.1f%%", 100 * mfu);
+          else std::snprintf(mfu_text, sizeof mfu_text, "n/a (over 100%%: wrong peak)");
+          char line[320];
+          std::snprintf(line, sizeof line, "iter %5lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | MFU %s | eta %s",
                         static_cast<long long>(r.iteration), static_cast<long long>(o.train.train_iters), r.loss, r.lr,
-                        r.grad_norm, tps, 100 * mfu, eta_text.c_str());
+                        r.grad_norm, tps, mfu_text, eta_text.c_str());
           if (r.skipped)
             std::snprintf(line + std::strlen(line), sizeof line - std::strlen(line), " | skipped: overflow at loss scale %g",
                           double(r.loss_scale));

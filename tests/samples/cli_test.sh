@@ -480,5 +480,10 @@ expect_fail "corrupted shard" "$(basename "$f")" "" -- "$bin/dsp-generate" --loa
 mkdir -p "$work/empty"
 expect_fail "missing manifest" "manifest.json" "" -- "$bin/dsp-generate" --load "$work/empty" --prompt "A"
 
+# an MFU over 100% (a peak far too low) is flagged as a wrong peak, not printed as a figure
+"$bin/dsp-train" "${model[@]}" --train-iters 1 --peak-flops 1e3 --metrics-file "$work/mfu.jsonl" >"$work/mfu.out" \
+  && grep -q "MFU n/a (over 100%: wrong peak)" "$work/mfu.out" && grep -q '"mfu":null' "$work/mfu.jsonl" && ok \
+  || fail "MFU over 100%: $(cat "$work/mfu.out")"
+
 echo "cli: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
