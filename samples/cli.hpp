@@ -2,10 +2,13 @@
 // Shared command-line plumbing of the samples: error reporting, --config JSON files and the
 // policy the samples run with.
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -30,6 +33,35 @@ struct Arguments {
 };
 
 Arguments with_config_file(int argc, char** argv, const CLI::App& app);
+
+/// The long flag of `app` nearest to `flag` by edit distance (Levenshtein), when it is near
+/// enough to be a typo or a Megatron/vLLM near-spelling (at most a third of the flag's length,
+/// at least 3, apart; "--tensor-parallel-size" -> "--tensor-model-parallel-size"), else "".
+inline std::string nearest_flag(const CLI::App& app, const std::string& flag) {
+  const auto distance = [](const std::string& a, const std::string& b) {
+    std::vector<std::size_t> row(b.size() + 1);
+    for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+    for (std::size_t i = 1; i <= a.size(); ++i) {
+      std::size_t diag = row[0];
+      row[0] = i;
+      for (std::size_t j = 1; j <= b.size(); ++j) {
+        const std::size_t up = row[j];
+        row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+        diag = up;
+      }
+    }
+    return row[b.size()];
+  };
+  std::string best;
+  std::size_t best_d = std::max<std::size_t>(3, flag.size() / 3) + 1;
+  for (const CLI::Option* opt : app.get_options(std::function<bool(const CLI::Option*)>{}))
+    for (const std::string& name : opt->get_lnames())
+      if (const std::size_t d = distance(flag, "--" + name); d < best_d) {
+        best_d = d;
+        best = "--" + name;
+      }
+  return best;
+}
 
 /// A CLI11 check that a numeric option is at least `min`: "--log-interval: must be >= 1, got 0"
 /// (CLI11's own Range prints the type's whole range). A value that does not parse is left to
@@ -56,9 +88,13 @@ int run_main(CLI::App& app, int argc, char** argv, Body body) {
   Arguments arguments;
   try {
     std::string config_path;
-    app.add_option("--config", config_path, "JSON file of flag values (flags on the command line win)");
-    for (CLI::Option* opt : app.get_options(std::function<bool(CLI::Option*)>{}))  // a flag after the config file's value wins
-      if (opt->get_expected_max() <= 1) opt->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+    app.add_option("--config", config_path,
+                   "JSON file of flag values (flags on the command line win; relative paths in it are relative to its folder)");
+    app.name(std::filesystem::path(argv[0]).filename().string());  // "Usage: dsp-train [OPTIONS]"
+    for (CLI::Option* opt : app.get_options(std::function<bool(CLI::Option*)>{})) {
+      if (opt->get_expected_max() <= 1) opt->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // the command line wins
+      opt->capture_default_str();  // --help shows each default
+    }
     arguments = with_config_file(argc, argv, app);
     std::vector<std::string> args = arguments.args;
     std::reverse(args.begin(), args.end());  // CLI11 takes the vector form in reverse order
@@ -75,6 +111,16 @@ int run_main(CLI::App& app, int argc, char** argv, Body body) {
       if (value_error && (what.starts_with(flag + ": ") || what.starts_with("Could not convert: " + flag + " = ") ||
                           what.ends_with(" for " + flag))) {
         std::fprintf(stderr, "error: config file '%s': %s\n", arguments.config_path.c_str(), what.c_str());
+        return e.get_exit_code();
+      }
+    }
+    if (dynamic_cast<const CLI::ExtrasError*>(&e)) {  // an unknown flag: suggest the nearest
+      for (const std::string& a : arguments.args) {
+        const std::string flag = a.substr(0, a.find('='));
+        if (!flag.starts_with("--") || app.get_option_no_throw(flag) != nullptr) continue;
+        const std::string near = nearest_flag(app, flag);
+        std::fprintf(stderr, "error: unknown flag %s%s%s%s (see --help)\n", flag.c_str(), near.empty() ? "" : ": did you mean ",
+                     near.c_str(), near.empty() ? "" : "?");
         return e.get_exit_code();
       }
     }
@@ -108,27 +154,59 @@ inline Arguments with_config_file(int argc, char** argv, const CLI::App& app) {
     throw dsp::InputError(dsp::detail::concat("config file '", path, "' is not valid JSON: ", e.what()));
   }
   DSP_CHECK_AS(dsp::InputError, j.is_object(), "config file '", path, "' must hold a JSON object");
+  // DeepSpeed's nested keys and the flags that say the same.
+  static const std::map<std::string, std::string> deepspeed = {
+      {"zero_optimization", "zero-stage"},         {"bf16", "bf16"},
+      {"fp16", "fp16 (and --initial-loss-scale)"}, {"optimizer", "lr, --weight-decay"},
+      {"scheduler", "lr-warmup-iters, --min-lr"}};
+  const std::filesystem::path folder = std::filesystem::path(path).parent_path();
   std::vector<std::string> from_file, flags;
   for (const auto& [key, value] : j.items()) {
     std::string flag = "--" + key;
     std::replace(flag.begin(), flag.end(), '_', '-');
+    if (value.is_object()) {
+      const auto ds = deepspeed.find(key);
+      throw dsp::InputError(dsp::detail::concat(
+          "config file '", path, "': key '", key, "' holds a nested object (DeepSpeed's style); dsp config files are flat, ",
+          "one flag per key", ds == deepspeed.end() ? std::string(" (see --help)") : ": use --" + ds->second));
+    }
     const CLI::Option* option = app.get_option_no_throw(flag);
-    DSP_CHECK_AS(dsp::InputError, option != nullptr, "config file '", path, "': ", flag,
-                 " is not a flag of this program (see --help)");
+    if (option == nullptr) {
+      const std::string near = nearest_flag(app, flag);
+      throw dsp::InputError(dsp::detail::concat("config file '", path, "': ", flag, " is not a flag of this program",
+                                                near.empty() ? " (see --help)" : " (did you mean " + near + "?)"));
+    }
     const bool on_command_line =
         std::any_of(args.begin(), args.end(), [&](const std::string& a) { return a == flag || a.starts_with(flag + "="); });
     if (on_command_line && option->get_expected_max() <= 1) continue;
     flags.push_back(flag);
+    // A relative path in the file is relative to the file's folder (a flag whose type name is
+    // PATH: see path_option).
+    const bool is_path = option->get_type_name() == "PATH";
+    const auto text = [&](const nlohmann::json& v) {
+      std::string s = v.is_string() ? v.get<std::string>() : v.dump();
+      if (is_path && v.is_string() && !s.empty() && std::filesystem::path(s).is_relative() && !folder.empty() &&
+          !std::isdigit(static_cast<unsigned char>(s[0])))  // not a blend weight ("0.3 A 0.7 B")
+        s = (folder / s).string();
+      return s;
+    };
     if (value.is_boolean()) {
       if (value.get<bool>()) from_file.push_back(flag);
+    } else if (value.is_array()) {  // a flag of several values: "data-path": [0.3, "a", 0.7, "b"]
+      from_file.push_back(flag);
+      for (const auto& v : value) from_file.push_back(text(v));
     } else {
       from_file.push_back(flag);
-      from_file.push_back(value.is_string() ? value.get<std::string>() : value.dump());
+      from_file.push_back(text(value));
     }
   }
   args.insert(args.begin(), from_file.begin(), from_file.end());
   return {args, path, flags};
 }
+
+/// Marks `opt` as a file or folder path (type name PATH): in a --config file its relative
+/// value is taken relative to the file's folder. Returns opt.
+inline CLI::Option* path_option(CLI::Option* opt) { return opt->type_name("PATH"); }
 
 /// `text` with every two-character sequence "\\n" replaced by a newline.
 inline std::string unescape_newlines(const std::string& text) {

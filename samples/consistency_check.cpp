@@ -107,10 +107,10 @@ int main(int argc, char** argv) {
   std::string load, reference, prompts_file;
   int tp = 1;
   double tolerance = 1e-4;
-  app.add_option("--load", load, "checkpoint directory to serve")->required();
+  samples::path_option(app.add_option("--load", load, "checkpoint directory to serve"))->required();
   app.add_option("--tensor-model-parallel-size", tp, "serving TP size")->required()->check(samples::at_least(1));
-  app.add_option("--reference", reference, "reference checkpoint (default: the one --load was resharded from, else --load at its saved layout)");
-  app.add_option("--prompts-file", prompts_file, "one prompt per line (default: 9 built-in prompts)");
+  samples::path_option(app.add_option("--reference", reference, "reference checkpoint (default: the one --load was resharded from, else --load at its saved layout)"));
+  samples::path_option(app.add_option("--prompts-file", prompts_file, "one prompt per line (default: 9 built-in prompts)"));
   app.add_option("--tolerance", tolerance, "exit 1 when max |logit diff| exceeds this");
   return samples::run_main(app, argc, argv, [&] {
     load = dsp::checkpoint::resolve_checkpoint(load).string();  // a folder of iter_* checkpoints: its latest

@@ -39,9 +39,9 @@ int main(int argc, char** argv) {
   std::int64_t max_new_tokens = 100;
   dsp::serve::SamplingParams sampling;
   samples::ServingFlags serving;
-  app.add_option("--load", load, "checkpoint directory")->required();
+  samples::path_option(app.add_option("--load", load, "checkpoint directory"))->required();
   auto* p = app.add_option("--prompt", prompts, "prompt text (repeatable; \\n is a newline)");
-  app.add_option("--prompts-file", prompts_file, "one prompt per line, served concurrently (\\n is a newline)")->excludes(p);
+  samples::path_option(app.add_option("--prompts-file", prompts_file, "one prompt per line, served concurrently (\\n is a newline)"))->excludes(p);
   app.add_option("--max-new-tokens,--max-tokens", max_new_tokens, "tokens to generate per prompt")->check(samples::at_least(1));
   app.add_option("--temperature", sampling.temperature, "0 = greedy");
   app.add_option("--top-k", sampling.top_k, "keep the k most likely tokens (0 or -1: all)");

@@ -17,8 +17,8 @@ int main(int argc, char** argv) {
   std::string load, save;
   int tp = 0, pp = 1, dp = 1;
   bool merge = false, no_save_optim = false;
-  app.add_option("--load", load, "source checkpoint directory")->required();
-  app.add_option("--save", save, "destination directory (replaced atomically)")->required();
+  samples::path_option(app.add_option("--load", load, "source checkpoint directory"))->required();
+  samples::path_option(app.add_option("--save", save, "destination directory (replaced atomically)"))->required();
   app.add_option("--tensor-model-parallel-size", tp, "target tensor-parallel size")->check(samples::at_least(1));
   app.add_option("--pipeline-model-parallel-size", pp, "target pipeline size: 1 (the default) only");
   app.add_option("--data-parallel-size", dp, "target data-parallel size (default 1: serving)")

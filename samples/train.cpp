@@ -135,7 +135,7 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--eval-iters", o.train.eval_iters, "validation global batches per evaluation");
   app.add_option("--log-interval", o.log_interval, "log line every N steps when not on a terminal")
       ->check(samples::at_least(1));
-  app.add_option("--save", o.save, "checkpoint directory to write");
+  samples::path_option(app.add_option("--save", o.save, "checkpoint directory to write"));
   app.add_option("--save-interval", o.save_interval, "save every N steps (0: only at the end)")
       ->check(samples::at_least(0));
   app.add_option("--exit-interval", o.exit_interval, "stop (after saving) at the first step divisible by N")
@@ -146,12 +146,12 @@ void add_flags(CLI::App& app, Options& o) {
                "save even when --save holds an iteration at or after the first one this run writes");
   app.add_flag("--exit-signal-handler,!--no-exit-signal-handler", o.exit_signal_handler,
                "on SIGTERM or SIGINT finish the step, save to --save and exit 0 (a second signal exits at once)");
-  app.add_option("--load", o.load, "checkpoint to resume from: a folder of iter_* checkpoints (its latest_checkpointed_iteration.txt) or one checkpoint");
+  samples::path_option(app.add_option("--load", o.load, "checkpoint to resume from: a folder of iter_* checkpoints (its latest_checkpointed_iteration.txt) or one checkpoint"));
   app.add_option("--ckpt-step", o.ckpt_step, "load this iteration of --load instead of the tracker's")->check(samples::at_least(0));
-  app.add_option("--data-path", o.data_path, "text file; bytes are tokens, the last 10% is validation")->required();
-  app.add_option("--metrics-file", o.metrics_file, "JSON lines: step, loss, val_loss, lr, grad_norm, tokens_per_s, mfu, step_time_s, bubble_fraction, peak_activation_bytes, memory (rank 0's live bytes at the step's end by category: parameters, gradients, optimizer_state, activations, communication, workspace, total; and their peaks over the step: peak_<category>, peak_total), moe (per MoE layer: tokens_per_expert, max_over_mean_load, dropped, aux_loss), loss_scale and skipped (with --initial-loss-scale) (global rank 0)");
+  samples::path_option(app.add_option("--data-path", o.data_path, "text file; bytes are tokens, the last 10% is validation"))->required();
+  samples::path_option(app.add_option("--metrics-file", o.metrics_file, "JSON lines: step, loss, val_loss, lr, grad_norm, tokens_per_s, mfu, step_time_s, bubble_fraction, peak_activation_bytes, memory (rank 0's live bytes at the step's end by category: parameters, gradients, optimizer_state, activations, communication, workspace, total; and their peaks over the step: peak_<category>, peak_total), moe (per MoE layer: tokens_per_expert, max_over_mean_load, dropped, aux_loss), loss_scale and skipped (with --initial-loss-scale) (global rank 0)"));
   app.add_option("--peak-flops", o.peak_flops, "FLOP/s that MFU is measured against (default: this machine's sgemm peak, measured once and cached in ~/.cache/dsp/peak_flops.json or $DSP_PEAK_FLOPS_CACHE)");
-  app.add_option("--profile-file", o.profile_file, "write a Chrome trace (ui.perfetto.dev) of the profiled steps here");
+  samples::path_option(app.add_option("--profile-file", o.profile_file, "write a Chrome trace (ui.perfetto.dev) of the profiled steps here"));
   app.add_option("--profile-step-start", o.profile_step_start, "first profiled optimizer step (1-based; default 2)");
   app.add_option("--profile-step-end", o.profile_step_end, "profiled steps end before this one (default 4)");
 }

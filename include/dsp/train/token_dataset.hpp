@@ -14,10 +14,13 @@ namespace dsp::train {
 
 class TokenDataset {
  public:
-  /// Reads `path`. Throws InputError naming the file when it is missing, unreadable or too
-  /// short to hold one sequence in each split.
+  /// Reads `path`. Throws InputError naming the file when it is a directory, missing,
+  /// unreadable or too short to hold one sequence in each split.
   static TokenDataset from_file(const std::filesystem::path& path, std::int64_t seq_length,
                                 double validation_fraction = 0.1) {
+    std::error_code ec;
+    DSP_CHECK_AS(InputError, !std::filesystem::is_directory(path, ec), "data path '", path.string(),
+                 "' is a directory: --data-path takes a text file");
     std::ifstream in(path, std::ios::binary);
     DSP_CHECK_AS(InputError, in.good(), "data file '", path.string(), "' cannot be opened (missing?)");
     std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
