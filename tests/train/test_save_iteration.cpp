@@ -17,29 +17,18 @@
 #include "dsp/comm/launch.hpp"
 #include "dsp/policy.hpp"
 #include "dsp/train/checkpointing.hpp"
+#include "checkpoint/fixture.hpp"
 #include "small_model.hpp"
+#include "small_train_config.hpp"
 
 using namespace dsp;
 
 namespace train_save_iteration_test {
 using P = Policy<backend::Host, comm::ThreadComm>;
 namespace fs = std::filesystem;
+using checkpoint_test::TempDir;
 
 namespace {
-
-train::TrainConfig train_config() {
-  train::TrainConfig tc;
-  tc.micro_batch_size = 2;
-  tc.global_batch_size = 8;
-  tc.train_iters = 12;
-  tc.lr = 3e-3f;
-  return tc;
-}
-
-struct TempDir {
-  fs::path path = fs::temp_directory_path() / ("dsp_save_iteration_" + std::to_string(std::random_device{}()));
-  ~TempDir() { fs::remove_all(path); }
-};
 
 // Loads `load` (when given), trains `steps` steps, saving each to `save` with `retain`; returns
 // rank 0's losses.
@@ -48,7 +37,7 @@ std::vector<double> run(int tp, int dp, int steps, const fs::path& load, const f
   std::vector<double> losses;
   comm::launch(tp * dp, [&](comm::ThreadComm& world) {
     DeviceMesh mesh(world, ParallelLayout{.tensor = tp, .data = dp});
-    train::Trainer<P> trainer(test::small_model(), train_config(), mesh, data);
+    train::Trainer<P> trainer(test::small_model(), test::small_train_config(8, 12), mesh, data);
     if (!load.empty()) train::load_checkpoint(load, trainer);
     std::vector<double> mine;
     for (int s = 0; s < steps; ++s) {

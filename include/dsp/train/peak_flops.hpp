@@ -41,13 +41,20 @@ inline std::string machine_key(const std::string& backend) {
   return model + " x " + std::to_string(std::thread::hardware_concurrency()) + " / " + backend;
 }
 
+namespace detail {
+// The cache file's object of peaks by machine key; empty when missing or unreadable.
+inline nlohmann::json read_peak_cache(const std::filesystem::path& cache) {
+  std::ifstream in(cache);
+  auto j = in ? nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false) : nlohmann::json();
+  return j.is_object() ? j : nlohmann::json::object();
+}
+}  // namespace detail
+
 /// The cached peak (FLOP/s) of `key` in `cache`, or 0 when there is none (or the file is
 /// unreadable: it is then rewritten).
 inline double read_cached_peak(const std::filesystem::path& cache, const std::string& key) {
-  std::ifstream in(cache);
-  if (!in) return 0.0;
-  const auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  return j.is_object() && j.contains(key) && j[key].is_number() ? j[key].get<double>() : 0.0;
+  const auto j = detail::read_peak_cache(cache);
+  return j.contains(key) && j[key].is_number() ? j[key].get<double>() : 0.0;
 }
 
 /// This machine's fp32 GEMM peak: the cached value, else the best of `trials` measurements of
@@ -64,11 +71,7 @@ double cached_sgemm_peak(const std::string& backend_name, int trials = 5, double
   for (int t = 0; t < trials; ++t) best = std::max(best, measure_sgemm_peak<Backend>(seconds));
   std::error_code ec;
   if (cache.has_parent_path()) std::filesystem::create_directories(cache.parent_path(), ec);
-  nlohmann::json j = nlohmann::json::object();
-  if (std::ifstream in(cache); in) {
-    auto old = nlohmann::json::parse(in, nullptr, false);
-    if (old.is_object()) j = std::move(old);
-  }
+  nlohmann::json j = detail::read_peak_cache(cache);  // other machines' and backends' peaks stay
   j[key] = best;
   const auto tmp = cache.string() + ".tmp" + std::to_string(::getpid());
   if (std::ofstream out(tmp); out << j.dump(2) << '\n') std::filesystem::rename(tmp, cache, ec);
