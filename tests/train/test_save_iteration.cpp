@@ -17,7 +17,7 @@
 #include "dsp/comm/launch.hpp"
 #include "dsp/policy.hpp"
 #include "dsp/train/checkpointing.hpp"
-#include "checkpoint/fixture.hpp"
+#include "../checkpoint/fixture.hpp"
 #include "small_model.hpp"
 #include "small_train_config.hpp"
 
