@@ -375,6 +375,30 @@ printf '{"log-interval": 0}' >"$work/bad_range.json"
 expect_fail "a config file value out of range" \
   "config file '$work/bad_range.json': --log-interval: must be >= 1, got 0" "$work/m33" -- \
   "$bin/dsp-train" --config "$work/bad_range.json" "${model[@]}" --metrics-file "$work/m33"
+# Command-line edges: the nearest flag is suggested, --help names the program and the defaults,
+# a folder as --data-path is named, DeepSpeed's nested values are refused naming the file and
+# key, and relative paths in a config file are taken from the file's folder.
+expect_fail "an unknown flag suggests the nearest" \
+  "unknown flag --tensor-parallel-size: did you mean --tensor-model-parallel-size?" "$work/m40" -- \
+  "$bin/dsp-train" "${model[@]}" --tensor-parallel-size 2 --metrics-file "$work/m40"
+printf '{"tensor-parallel-size": 2}' >"$work/near.json"
+expect_fail "an unknown config key suggests the nearest" \
+  "config file '$work/near.json': --tensor-parallel-size is not a flag of this program (did you mean --tensor-model-parallel-size?)" \
+  "$work/m41" -- "$bin/dsp-train" --config "$work/near.json" "${model[@]}" --metrics-file "$work/m41"
+"$bin/dsp-train" --help >"$work/help" 2>&1
+if grep -q '^Usage: dsp-train ' "$work/help" && grep -qE -- '^ +--lr FLOAT=0.001 ' "$work/help" &&
+   grep -qE -- '^ +--seed UINT=1234 ' "$work/help"; then ok; else fail "--help lacks the program name or defaults: $(head -5 "$work/help")"; fi
+expect_fail "a folder as --data-path" "data path '$work' is a directory: --data-path takes a text file" "$work/m42" -- \
+  "$bin/dsp-train" "${model[@]}" --data-path "$work" --metrics-file "$work/m42"
+printf '{"zero_optimization": {"stage": 2}}' >"$work/deepspeed.json"
+expect_fail "a DeepSpeed-style nested value" \
+  "config file '$work/deepspeed.json': key 'zero_optimization' holds a nested object (DeepSpeed's style); dsp config files are flat, one flag per key: use --zero-stage" \
+  "$work/m43" -- "$bin/dsp-train" --config "$work/deepspeed.json" "${model[@]}" --metrics-file "$work/m43"
+mkdir -p "$work/cfgdir/data"
+cp "$data" "$work/cfgdir/data/corpus.txt"
+printf '{"data-path": "data/corpus.txt", "metrics-file": "out/metrics.jsonl"}' >"$work/cfgdir/relative.json"
+(cd / && "$bin/dsp-train" "${model[@]:2}" --train-iters 2 --config "$work/cfgdir/relative.json" >"$work/relative.out" 2>&1)
+[ -s "$work/cfgdir/out/metrics.jsonl" ] && ok || fail "config-relative paths: $(tail -3 "$work/relative.out")"
 "$bin/dsp-train" --config "$work/bad_range.json" "${model[@]}" --log-interval 5 --metrics-file "$work/m34" >/dev/null 2>&1 \
   && [ -s "$work/m34" ] && ok || fail "a flag on the command line overrides a config file value out of range"
 expect_fail "serving at TP 0" "--tensor-model-parallel-size: must be >= 1, got 0" "" -- \

@@ -144,23 +144,25 @@ else
 fi
 
 # A rank that throws: only rank 0 opens the metrics file, after the mesh and model exist, so
-# the other ranks are already waiting in the first step's collectives.
-"${mpi[@]}" -n 2 "$bin/dsp-train" "${model[@]}" --train-iters 20 --metrics-file "$work/no/such/dir/m.jsonl" \
+# the other ranks are already waiting in the first step's collectives. Its folder cannot be
+# created (a regular file stands where the folder would be).
+touch "$work/not_a_folder"
+"${mpi[@]}" -n 2 "$bin/dsp-train" "${model[@]}" --train-iters 20 --metrics-file "$work/not_a_folder/m.jsonl" \
   >"$work/throw.out" 2>&1 &
 job=$!
 wait_bounded "$job" 30
 rc=$?
-if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && grep -qF "rank 0 failed: cannot write metrics file" "$work/throw.out"; then ok
+if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && grep -qF "rank 0 failed: cannot create the folder of metrics file" "$work/throw.out"; then ok
 else fail "throwing rank: rc $rc (124: still running after 30 s): $(tail -20 "$work/throw.out")"; fi
 
 # The same in a TP2 x PP2 job: rank 0 (first stage) throws while its TP peer waits in a
 # tensor-parallel collective and the second stage's ranks wait on a pipeline receive.
 "${mpi[@]}" -n 4 "$bin/dsp-train" "${model[@]}" --pipeline-model-parallel-size 2 --train-iters 20 \
-  --metrics-file "$work/no/such/dir/m.jsonl" >"$work/pp_throw.out" 2>&1 &
+  --metrics-file "$work/not_a_folder/m.jsonl" >"$work/pp_throw.out" 2>&1 &
 job=$!
 wait_bounded "$job" 30
 rc=$?
-if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && grep -qF "rank 0 failed: cannot write metrics file" "$work/pp_throw.out"; then ok
+if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && grep -qF "rank 0 failed: cannot create the folder of metrics file" "$work/pp_throw.out"; then ok
 else fail "throwing pipeline rank: rc $rc (124: still running after 30 s): $(tail -20 "$work/pp_throw.out")"; fi
 
 echo "mpi_train_test: $passed passed, $failed failed"

@@ -70,23 +70,30 @@ else
 fi
 
 # --- kill -9 after a save: the metrics of the lost steps are dropped on resume -------------------
-# Frozen (SIGSTOP) as soon as rank 0 has logged step 13 or 14 (saves at 5, 10, 15, ...), then killed.
-"${launch[@]}" --save "$work/ckpt9" --save-interval 5 --metrics-file "$work/m9.jsonl" >/dev/null 2>&1 &
-pid=$!
-for _ in $(seq 6000); do
-  l=$(cat "$work/m9.jsonl" 2>/dev/null | wc -l)
-  if [ "$l" -ge 13 ] && [ $((l % 5)) -ne 0 ]; then
-    if [ ${#mpi[@]} -gt 0 ]; then kill -STOP $(pgrep -P "$pid"); else kill -STOP "$pid"; fi
-    break
-  fi
-  kill -0 "$pid" 2>/dev/null || break
-  sleep 0.02
+# Frozen (SIGSTOP) as soon as rank 0 has logged step 13 or 14 (saves at 5, 10, 15, ...), then
+# killed. A step takes a few milliseconds, so the freeze can land after the next save: then the
+# metrics hold no step past the tracker's and the attempt is repeated (at most 5 times).
+for attempt in 1 2 3 4 5; do
+  rm -rf "$work/ckpt9" "$work/m9.jsonl"
+  "${launch[@]}" --save "$work/ckpt9" --save-interval 5 --metrics-file "$work/m9.jsonl" >/dev/null 2>&1 &
+  pid=$!
+  for _ in $(seq 6000); do
+    l=$(cat "$work/m9.jsonl" 2>/dev/null | wc -l)
+    if [ "$l" -ge 13 ] && [ $((l % 5)) -ne 0 ]; then
+      if [ ${#mpi[@]} -gt 0 ]; then kill -STOP $(pgrep -P "$pid"); else kill -STOP "$pid"; fi
+      break
+    fi
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.02
+  done
+  n=$(cat "$work/ckpt9/latest_checkpointed_iteration.txt" 2>/dev/null)
+  lines=$(wc -l <"$work/m9.jsonl")
+  kill -9 "$(target "$pid")"
+  wait "$pid" 2>/dev/null
+  [ ${#mpi[@]} -gt 0 ] && { pkill -9 -P "$pid" 2>/dev/null; sleep 1; }
+  [ -n "$n" ] && [ "$lines" -gt "$n" ] && break
+  echo "kill -9 attempt $attempt: frozen at step $lines with the tracker at '$n': again"
 done
-kill -9 "$(target "$pid")"
-wait "$pid" 2>/dev/null
-[ ${#mpi[@]} -gt 0 ] && { pkill -9 -P "$pid" 2>/dev/null; sleep 1; }
-n=$(cat "$work/ckpt9/latest_checkpointed_iteration.txt" 2>/dev/null)
-lines=$(wc -l <"$work/m9.jsonl")
 [ -n "$n" ] && [ "$lines" -gt "$n" ] && ok || fail "kill -9: tracker '$n', $lines metrics lines (want more lines than saved steps)"
 train --load "$work/ckpt9" --save "$work/ckpt9" --metrics-file "$work/m9.jsonl" >/dev/null 2>&1 || fail "resume after kill -9"
 diff <(losses "$work/full.jsonl") <(losses "$work/m9.jsonl") >/dev/null && ok \

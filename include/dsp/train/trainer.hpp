@@ -73,18 +73,18 @@ struct TrainConfig {
   /// data-parallel group per step. Off, such a step updates as usual (and writes NaN into the
   /// parameters).
   bool check_for_nan_in_loss_and_grad = true;
-  zero::AdamWConfig adam;              ///< --adam-beta1/2, --adam-eps, --weight-decay
+  zero::AdamWConfig adam{};            ///< --adam-beta1/2, --adam-eps, --weight-decay
   std::uint64_t seed = 1234;           ///< --seed (parameters and data order)
   std::int64_t eval_iters = 4;         ///< --eval-iters (global batches of validation data)
-  dp::DdpConfig ddp;                   ///< --ddp-bucket-size, --overlap-grad-reduce, --grad-reduce-dtype
-  pp::PipelineConfig pipeline;         ///< --pipeline-schedule, --num-layers-per-virtual-pipeline-stage
+  dp::DdpConfig ddp{};                 ///< --ddp-bucket-size, --overlap-grad-reduce, --grad-reduce-dtype
+  pp::PipelineConfig pipeline{};       ///< --pipeline-schedule, --num-layers-per-virtual-pipeline-stage
   /// --moe-expert-capacity-factor, --moe-token-drop-policy, --moe-aux-loss-coeff (aux_loss_scale
   /// is set per micro-batch by the trainer).
-  ep::MoeOptions moe;
+  ep::MoeOptions moe{};
   /// --moe-router-bias-update-rate: gamma of the expert-bias update (with an expert bias).
   float moe_router_bias_update_rate = 1e-3f;
   /// --recompute-granularity, --recompute-method, --recompute-num-layers.
-  model::RecomputeConfig recompute;
+  model::RecomputeConfig recompute{};
   /// --zero-stage: how much of the model state is partitioned over data parallelism
   /// (zero::ZeroOptimizer: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters).
   int zero_stage = 0;
@@ -102,7 +102,7 @@ struct TrainConfig {
   /// gradients are not finite at any allowed scale (a NaN in the model or data, or
   /// --min-loss-scale too large), or the loss itself is not (the forward overflowed: with
   /// Fp16Mixed, activations past fp16's 65504), and skipping further would only consume data.
-  std::optional<precision::LossScalerConfig> loss_scaler;
+  std::optional<precision::LossScalerConfig> loss_scaler{};
 
   /// Throws ConfigError naming the flag and the value for a value out of its range: batch
   /// sizes, train_iters and eval_iters below 1; lr, min_lr, lr_warmup_iters, lr_decay_iters,
