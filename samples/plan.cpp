@@ -175,11 +175,23 @@ void print_ledgers(const dsp::plan::TrainingPlan& plan, const dsp::plan::Trainin
               L.tensor, field(G::None) / a.bytes, field(G::Selective) / a.bytes, field(G::Full) / a.bytes);
 }
 
-void print_recommendations(const std::vector<dsp::plan::Recommendation>& recs, const dsp::plan::Cluster& cl, int limit) {
+/// Every layout the recommender dropped, with the rules it breaks, one line each.
+std::string rejections_text(const std::vector<dsp::plan::Rejection>& rejected) {
+  std::string text;
+  for (const auto& r : rejected) {
+    text += "\n  " + layout_str(r.layout) + ": ";
+    for (std::size_t i = 0; i < r.problems.size(); ++i) text += (i ? "; " : "") + r.problems[i];
+  }
+  return text;
+}
+
+void print_recommendations(const std::vector<dsp::plan::Recommendation>& recs,
+                           const std::vector<dsp::plan::Rejection>& rejected, const dsp::plan::Cluster& cl, int limit) {
   std::printf("\nrecommended layouts for %d node(s) x %d GPUs x %.0f GB (TP inside a node dividing the heads, then the "
               "smallest PP that fits, then DP):\n", cl.num_nodes, cl.gpus_per_node, gb(cl.gpu_memory_bytes));
   if (recs.empty()) {
-    std::printf("  none: no layout of this cluster validates for this model and batch\n");
+    std::printf("  none: no layout of this cluster validates for this model and batch; each breaks a rule:%s\n",
+                rejections_text(rejected).c_str());
     return;
   }
   double largest = 0;
@@ -194,7 +206,10 @@ void print_recommendations(const std::vector<dsp::plan::Recommendation>& recs, c
                 dsp::plan::to_string(r.plan.recompute.granularity).c_str(), r.prediction.micro_batches,
                 double(r.peak_bytes()) / unit.bytes, 100.0 * r.prediction.bubble, r.fits ? "yes" : "NO");
   }
-  if (!recs.front().fits) std::printf("  no layout fits, even with full recomputation: try --zero-stage 1-3\n");
+  if (!recs.front().fits) {
+    std::printf("  no layout fits, even with full recomputation: try --zero-stage 1-3\n");
+    if (!rejected.empty()) std::printf("  layouts that break a rule:%s\n", rejections_text(rejected).c_str());
+  }
 }
 
 }  // namespace
@@ -277,12 +292,14 @@ int main(int argc, char** argv) {
                    .expert = o.expert};
 
     std::vector<plan::Recommendation> recs;
-    if (cluster_given) recs = plan::recommend(base, o.cluster);
+    std::vector<plan::Rejection> rejected;
+    if (cluster_given) recs = plan::recommend(base, o.cluster, &rejected);
     plan::TrainingPlan chosen = base;
     if (!layout_given && cluster_given) {
       DSP_CHECK_AS(dsp::ConfigError, !recs.empty(), "no layout of ", o.cluster.num_nodes, " node(s) x ",
                    o.cluster.gpus_per_node, " GPUs validates for this model with global batch ",
-                   base.global_batch_size, " and micro-batch ", base.micro_batch_size);
+                   base.global_batch_size, " and micro-batch ", base.micro_batch_size, "; each layout breaks a rule:",
+                   rejections_text(rejected));
       chosen = recs.front().plan;
       std::printf("layout: none given; using the first recommendation\n");
     }
@@ -310,6 +327,6 @@ int main(int argc, char** argv) {
                 static_cast<long long>(std::max<std::int64_t>(budget, 0)),
                 o.serving_kv_cache_memory >= 0 ? " (--serving-kv-cache-memory)" : " (utilization x GPU memory - weights - workspace)",
                 static_cast<long long>(blocks), static_cast<long long>(blocks * o.serving_block_size));
-    if (cluster_given) print_recommendations(recs, o.cluster, o.num_recommendations);
+    if (cluster_given) print_recommendations(recs, rejected, o.cluster, o.num_recommendations);
   });
 }

@@ -33,6 +33,7 @@
 #include "model_flags.hpp"
 #include "ranks.hpp"
 #include "dsp/core/trace.hpp"
+#include "dsp/plan/validate.hpp"
 #include "dsp/train/checkpointing.hpp"
 #include "dsp/train/exit_signal.hpp"
 #include "dsp/train/metrics.hpp"
@@ -229,6 +230,26 @@ double machine_peak_flops() {
   return dsp::train::cached_sgemm_peak<dsp::backend::Host>("host");  // the cache cannot be written: measure
 }
 
+/// dsp-plan's validation of this run (plan/validate.hpp): every rule the layout, batch and
+/// schedule break, listed at once before anything is built (the parts check again as they are
+/// built, with the same sentences). Throws ConfigError.
+void validate_plan(const Options& o, int world_size) {
+  dsp::plan::TrainingPlan plan;
+  plan.model = o.model;
+  plan.layout = {.tensor = o.tensor_parallel, .pipeline = o.pipeline_parallel,
+                 .data = std::max(1, world_size / std::max(1, o.tensor_parallel * o.pipeline_parallel)),
+                 .expert = o.expert_parallel};
+  plan.pipeline = o.train.pipeline;
+  plan.precision = o.bf16 ? dsp::plan::Precision::Bf16Mixed
+                   : o.fp16 ? dsp::plan::Precision::Fp16Mixed
+                            : dsp::plan::Precision::Fp32;
+  plan.zero_stage = o.train.zero_stage;
+  plan.micro_batch_size = o.train.micro_batch_size;
+  plan.global_batch_size = o.train.global_batch_size;
+  plan.recompute = o.train.recompute;
+  dsp::plan::validate(plan, world_size);
+}
+
 void train(Options& o) {
   o.train.validate();  // the Trainer checks again; here before the sgemm peak and the data are read
   if (o.peak_flops <= 0) o.peak_flops = machine_peak_flops();
@@ -258,6 +279,7 @@ void train(Options& o) {
   const bool tty = isatty(fileno(stdout)) && !samples::started_by_mpiexec();  // mpiexec forwards a pty: keep log lines
 
   samples::run_ranks(o.world_size, [&]<class Comm>(Comm& world) {  // ThreadComm, or MpiComm under mpiexec
+    validate_plan(o, world.size());
     // The precision policy is a compile-time choice (dsp::Policy): one trainer type per --bf16 / --fp16.
     const auto run = [&]<class Precision>() {
       using P = dsp::Policy<dsp::backend::Host, Comm, Precision>;

@@ -74,11 +74,17 @@ expect_fail "TP does not divide the heads" \
   "number of attention heads (56) is not divisible by tensor-model-parallel-size (16)" -- \
   "$bin/dsp-plan" "${b[@]}" --num-nodes 8 --global-batch-size 512 --tensor-model-parallel-size 16 \
   --pipeline-model-parallel-size 2
-expect_fail "PP does not divide the layers" \
-  "number of layers (60) is not divisible by pipeline-model-parallel-size (8): give --pipeline-layer-split" -- \
+expect_ok "PP that does not divide the layers: split as dsp-train splits them" \
+  "PP rank 0: layers 0-7 + embedding" "PP rank 7: layers 53-59 + output layer" -- \
   "$bin/dsp-plan" "${a[@]}" --num-nodes 2 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 8
+expect_fail "more stages than layers" \
+  "number of layers (60) is smaller than the number of pipeline stages (64)" -- \
+  "$bin/dsp-plan" "${a[@]}" --num-nodes 8 --tensor-model-parallel-size 1 --pipeline-model-parallel-size 64
+expect_fail "no layout of the cluster validates: each says why" \
+  "TP8 x PP2 x DP1: global batch size (3) is not divisible by micro batch size x data-parallel size = 2 x 1 = 2" -- \
+  "$bin/dsp-plan" "${a[@]}" --num-nodes 2 --global-batch-size 3 --micro-batch-size 2
 expect_fail "global batch is not micro x DP x accumulation" \
-  "global batch size (512) is not micro-batch-size x data-parallel size x accumulation steps: it is not divisible by 3 x 4 = 12" -- \
+  "global batch size (512) is not divisible by micro batch size x data-parallel size = 3 x 4 = 12" -- \
   "$bin/dsp-plan" "${b[@]}" --num-nodes 8 --global-batch-size 512 --micro-batch-size 3 \
   --tensor-model-parallel-size 8 --pipeline-model-parallel-size 2
 expect_fail "missing model config" "cannot be opened" -- "$bin/dsp-plan" --model-config "$work/none.json"

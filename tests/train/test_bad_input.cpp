@@ -62,7 +62,7 @@ TEST_CASE("model sizes that do not divide by TP name the size and the TP degree"
   CHECK(build(c, 3, 3) == "ffn hidden size (98) is not divisible by tensor-model-parallel-size (3)");
   c = config();
   c.num_attention_heads = 12;  // head dim 4; 3 query groups on TP 2: neither divides the other
-  CHECK(build(c, 2, 2) == "number of query groups (3) and tensor-model-parallel-size (2) must divide one another");
+  CHECK(build(c, 2, 2) == "number of query groups (3) and tensor-model-parallel-size (2) must divide one another (K/V heads are split, or replicated when fewer than TP)");
 }
 
 TEST_CASE("heads not divisible by TP") {

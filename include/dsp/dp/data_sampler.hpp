@@ -18,6 +18,15 @@
 
 namespace dsp::dp {
 
+/// Megatron's batch rule: global batch = micro batch x data-parallel size x accumulation steps.
+/// Throws ConfigError naming the three numbers when micro_batch x dp_size does not divide
+/// global_batch (sizes below 1 are the caller's to check).
+inline void check_global_batch(std::int64_t micro_batch, std::int64_t global_batch, std::int64_t dp_size) {
+  DSP_CHECK_AS(ConfigError, micro_batch >= 1 && dp_size >= 1 && global_batch % (micro_batch * dp_size) == 0,
+               "global batch size (", global_batch, ") is not divisible by micro batch size x data-parallel size = ",
+               micro_batch, " x ", dp_size, " = ", micro_batch * dp_size);
+}
+
 class DataSampler {
  public:
   /// Position in the sample stream (saved in checkpoints for an exact resume).
@@ -38,9 +47,7 @@ class DataSampler {
     DSP_CHECK_AS(ConfigError, global_batch >= 1, "global batch size must be >= 1, got ", global_batch);
     DSP_CHECK_AS(ConfigError, dp_size >= 1 && dp_rank >= 0 && dp_rank < dp_size, "data-parallel rank ", dp_rank,
                  " of size ", dp_size, ": the size must be >= 1 and the rank in [0, size)");
-    DSP_CHECK_AS(ConfigError, global_batch % (micro_batch * dp_size) == 0, "global batch size (", global_batch,
-                 ") is not divisible by micro batch size x data-parallel size = ", micro_batch, " x ", dp_size, " = ",
-                 micro_batch * dp_size);
+    check_global_batch(micro_batch, global_batch, dp_size);
     accumulation_ = global_batch / (micro_batch * dp_size);
     DSP_CHECK_AS(ConfigError, num_windows >= global_batch, "the data holds ", num_windows,
                  " sequences, fewer than one global batch of ", global_batch);

@@ -76,7 +76,7 @@ struct ModelConfig {
     divide(num_attention_heads, tensor_parallel, "number of attention heads", "tensor-model-parallel-size");
     DSP_CHECK_AS(ConfigError, num_query_groups % tensor_parallel == 0 || tensor_parallel % num_query_groups == 0,
                  "number of query groups (", num_query_groups, ") and tensor-model-parallel-size (", tensor_parallel,
-                 ") must divide one another");
+                 ") must divide one another (K/V heads are split, or replicated when fewer than TP)");
     divide(ffn_hidden_size, tensor_parallel, "ffn hidden size", "tensor-model-parallel-size");
     if (!is_moe()) return;
     router().validate();

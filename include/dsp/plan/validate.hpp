@@ -1,21 +1,27 @@
 #pragma once
 // Validation of a training plan before anything runs: every rule a layout, a batch and a
 // schedule must satisfy, each broken rule reported as a sentence naming the numbers involved.
+// dsp-train runs the same function on its flags before it builds anything, and each rule's
+// sentence is the one the part that enforces it at run time throws (ParallelLayout::resolved,
+// ModelConfig::validate, pp::PipelineConfig, pp::make_schedule, dp::check_global_batch), so
+// dsp-plan accepts exactly the plans dsp-train runs:
+//   world  TP x PP divides the world, TP x PP x DP equals it, EP divides DP;
 //   tensor parallelism  TP divides the hidden size, the attention heads and the (MoE) FFN
 //       widths; the KV heads and TP divide one another (K/V heads are split when kv >= TP,
 //       replicated when kv < TP; ShardedTensor's Qkv split);
-//   pipeline  PP divides the layers (Megatron's rule), unless --pipeline-layer-split gives
-//       the counts (p x v entries summing to the layers); interleaving: layers divisible by
-//       PP x layers-per-virtual-stage, micro-batches a multiple of PP;
+//   pipeline  at least one layer per stage: layers split as evenly as possible (L = q P + r:
+//       the first r stages get q + 1), or --pipeline-layer-split's p x v counts summing to the
+//       layers; interleaving: layers divisible by PP x layers-per-virtual-stage, micro-batches a
+//       multiple of PP. Fewer micro-batches than stages is allowed (1F1B then runs them with a
+//       larger bubble, (p - 1) / (m + p - 1); the ledger shows it);
 //   data  global batch = micro batch x DP x accumulation steps, i.e. micro x DP divides it;
-//   schedule  micro-batches >= PP for 1F1B (fewer leave stages idle for most of the step;
-//       Narayanan et al. 2021 assume m >= p);
-//   experts  EP divides the routed experts and DP;
-//   world  TP x PP x DP equals the world size when one is given.
+//   experts  EP divides the routed experts (and DP, above);
+//   optimizer  ZeRO stage 0-3; full recomputation of >= 1 layer per group.
 #include <string>
 #include <vector>
 
 #include "dsp/core/error.hpp"
+#include "dsp/dp/data_sampler.hpp"
 #include "dsp/plan/ledger.hpp"
 
 namespace dsp::plan {
@@ -47,10 +53,8 @@ inline std::vector<std::string> problems(const TrainingPlan& plan, int world_siz
                          plan.global_batch_size, ") must be >= 1"));
     return out;
   }
-  if (world_size > 0 && L.world_size() != world_size)
-    out.push_back(concat("tensor (", L.tensor, ") x pipeline (", L.pipeline, ") x data (", L.data,
-                         ") = ", L.world_size(), " ranks, but the world has ", world_size,
-                         " (data-parallel size = world / (tensor x pipeline) must be whole)"));
+  // The world: TP x PP divides it, TP x PP x DP equals it, EP divides DP.
+  guard([&] { L.resolved(world_size > 0 ? world_size : L.world_size()); });
 
   // Tensor parallelism.
   const int t = L.tensor;
@@ -71,49 +75,24 @@ inline std::vector<std::string> problems(const TrainingPlan& plan, int world_siz
   if (c.is_moe()) tp_divides("moe ffn hidden size", c.moe_ffn_hidden_size);
   if (tp_ok) guard([&] { c.validate(t); });  // the remaining model rules (positive sizes, head dim)
 
-  // Pipeline.
+  // Pipeline: dsp-train's split (even as possible, or the explicit one) and schedule.
   const int p = L.pipeline;
-  bool pp_ok = true;
-  if (plan.pipeline.layer_split.empty() && plan.pipeline.num_layers_per_virtual_stage == 0 && c.num_layers % p != 0) {
-    out.push_back(concat("number of layers (", c.num_layers, ") is not divisible by pipeline-model-parallel-size (", p,
-                         "): give --pipeline-layer-split with ", p, " counts summing to ", c.num_layers));
-    pp_ok = false;
-  }
   int v = 1;
-  pp_ok = pp_ok && guard([&] {
+  const bool pp_ok = guard([&] {
     plan.pipeline.schedule_name();
     v = plan.pipeline.virtual_size(c.num_layers, p);
     plan.pipeline.stages(c.num_layers, p);
   });
 
   // Experts.
-  if (c.is_moe()) {
-    if (c.num_experts % L.expert != 0)
-      out.push_back(concat("number of experts (", c.num_experts, ") is not divisible by expert-model-parallel-size (",
-                           L.expert, ")"));
-    if (L.data % L.expert != 0)
-      out.push_back(concat("data-parallel size (", L.data, ") is not divisible by expert-model-parallel-size (",
-                           L.expert, ")"));
-  }
+  if (c.is_moe()) guard([&] { c.validate_expert_parallel(L.expert); });
 
   // Batch: global = micro x DP x accumulation.
-  const std::int64_t per_step = plan.micro_batch_size * L.data;
-  const bool batch_ok = plan.global_batch_size % per_step == 0;
-  if (!batch_ok)
-    out.push_back(concat("global batch size (", plan.global_batch_size,
-                         ") is not micro-batch-size x data-parallel size x accumulation steps: it is not divisible by ",
-                         plan.micro_batch_size, " x ", L.data, " = ", per_step));
+  const bool batch_ok = guard([&] { dp::check_global_batch(plan.micro_batch_size, plan.global_batch_size, L.data); });
 
-  // Schedule.
-  if (batch_ok && pp_ok && p > 1) {
-    const std::int64_t m = plan.global_batch_size / per_step;
-    if (m < p)
-      out.push_back(concat("the 1F1B schedule needs at least as many micro-batches as pipeline stages: global batch ",
-                           plan.global_batch_size, " / (micro-batch-size ", plan.micro_batch_size,
-                           " x data-parallel size ", L.data, ") = ", m, " < pipeline-model-parallel-size ", p));
-    else
-      guard([&] { pp::make_schedule(plan.pipeline.schedule_name(), p, v, static_cast<int>(m)); });
-  }
+  // Schedule (interleaving needs a multiple of PP micro-batches).
+  if (batch_ok && pp_ok && p > 1)
+    guard([&] { pp::make_schedule(plan.pipeline.schedule_name(), p, v, plan.micro_batches()); });
 
   // Optimizer and recomputation.
   if (plan.zero_stage < 0 || plan.zero_stage > 3)
