@@ -11,7 +11,7 @@ against Megatron's own writer, reader, GPTDataset index builders, blending helpe
   tests/data/fixtures/megatron_modes.{bin,idx}        int32 tokens, multimodal (a mode byte per
       sequence), values beyond uint16 and negative
   tests/data/fixtures/megatron_expected.json          what megatron-core's IndexedDataset read
-      back, GPTDataset's document/sample/shuffle indices and samples for three configurations,
+      back, GPTDataset's document/sample/shuffle indices and first samples for four configurations,
       helpers.build_blending_indices for two blends, and split ranges for six --split strings
       (null: a split Megatron builds no dataset for)
 
@@ -82,24 +82,31 @@ def gpt_cases(ds, cache):
     tokenizer = types.SimpleNamespace(vocab_size=257, eod=EOD, pad=EOD, unique_identifiers={"class": "bytes"})
     cases = []
     n = len(ds)
-    # train range of --split 8,1,1, computed as BlendedMegatronDatasetBuilder does
+    # ranges of --split 8,1,1, computed as BlendedMegatronDatasetBuilder does
     matrix = convert_split_vector_to_split_matrix(parse_and_normalize_split("8,1,1"))
-    beg, end = int(round(matrix[0][0] * n)), int(round(matrix[0][1] * n))
-    for seq_length, num_samples, seed in [(32, None, 1234), (16, 150, 7), (24, 150, 99)]:
+    ranges = [(int(round(m[0] * n)), int(round(m[1] * n))) for m in matrix]
+    # (seq_length, num_samples, seed, split, drop_last_partial_validation_sequence): one epoch;
+    # two epochs with a separate (small) final epoch; two epochs shuffled together; the
+    # validation part keeping its last partial sample (padded with the pad token)
+    for seq_length, num_samples, seed, split, drop_last in [(32, None, 1234, Split.train, True),
+                                                            (16, 150, 7, Split.train, True),
+                                                            (24, 150, 99, Split.train, True),
+                                                            (10, 40, 3, Split.valid, False)]:
+        beg, end = ranges[split.value]
         config = GPTDatasetConfig(
             random_seed=seed, sequence_length=seq_length, tokenizer=tokenizer,
             reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False,
-            path_to_cache=cache, split="8,1,1",
+            path_to_cache=cache, split="8,1,1", drop_last_partial_validation_sequence=drop_last,
         )
         gpt = GPTDataset(ds, "megatron_shakespeare", numpy.arange(beg, end, dtype=numpy.int32),
-                         num_samples, Split.train, config)
+                         num_samples, split, config)
         cases.append({
             "seq_length": seq_length, "num_samples": num_samples, "seed": seed,
-            "begin": beg, "end": end,
+            "begin": beg, "end": end, "drop_last_partial_sequence": drop_last, "pad": tokenizer.pad,
             "document_index": gpt.document_index.tolist(),
             "sample_index": gpt.sample_index.reshape(-1).tolist(),
             "shuffle_index": gpt.shuffle_index.tolist(),
-            "samples": [gpt[i]["tokens"].tolist() + [gpt[i]["labels"][-1].item()] for i in range(min(len(gpt), 12))],
+            "samples": [gpt[i]["tokens"].tolist() + [gpt[i]["labels"][-1].item()] for i in range(len(gpt) if len(gpt) <= 60 else 12)],
         })
     return cases
 
