@@ -466,8 +466,11 @@ class IndexedDatasetBuilder {
       pointers[i] = ptr;
       ptr += std::int64_t{lengths_[i]} * item;
     }
-    ok = ok && std::fwrite(lengths_.data(), 4, s, idx) == s && std::fwrite(pointers.data(), 8, s, idx) == s &&
-         std::fwrite(doc_idx_.data(), 8, d, idx) == d && (!multimodal_ || std::fwrite(modes_.data(), 1, s, idx) == s);
+    const auto put_all = [idx](const void* data, std::size_t item_bytes, std::uint64_t n) {
+      return n == 0 || std::fwrite(data, item_bytes, n, idx) == n;  // fwrite(nullptr, ...) is undefined
+    };
+    ok = ok && put_all(lengths_.data(), 4, s) && put_all(pointers.data(), 8, s) && put_all(doc_idx_.data(), 8, d) &&
+         (!multimodal_ || put_all(modes_.data(), 1, s));
     if (!ok) {
       std::fclose(idx);
       std::remove(tmp_idx.c_str());
