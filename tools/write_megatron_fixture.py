@@ -102,11 +102,17 @@ def gpt_cases(ds, cache):
                          num_samples, split, config)
         cases.append({
             "seq_length": seq_length, "num_samples": num_samples, "seed": seed,
-            "begin": beg, "end": end, "drop_last_partial_sequence": drop_last, "pad": tokenizer.pad,
+            "begin": beg, "end": end, "drop_last_partial_sequence": drop_last,
+            # the pad token collides with EOD, so megatron-core pads with its _PAD_TOKEN_ID -1
+            "pad": int(gpt._pad_token_id),
             "document_index": gpt.document_index.tolist(),
             "sample_index": gpt.sample_index.reshape(-1).tolist(),
             "shuffle_index": gpt.shuffle_index.tolist(),
-            "samples": [gpt[i]["tokens"].tolist() + [gpt[i]["labels"][-1].item()] for i in range(len(gpt) if len(gpt) <= 60 else 12)],
+            # the text of each sample before __getitem__ splits it into tokens and labels (and
+            # maps pad tokens to 0 there, the loss mask already 0 for them)
+            "samples": [gpt._query_document_sample_shuffle_indices(i)[0].tolist()
+                        for i in range(len(gpt) if len(gpt) <= 60 else 12)],
+            "getitem_tokens_0": gpt[0]["tokens"].tolist(), "getitem_labels_0": gpt[0]["labels"].tolist(),
         })
     return cases
 

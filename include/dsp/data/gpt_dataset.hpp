@@ -79,7 +79,11 @@ struct GptDatasetConfig {
   std::uint32_t seed = 1234;                ///< --seed (Megatron's random_seed default 1234)
   bool add_extra_token = true;              ///< samples of seq_length + 1 tokens (inputs and shifted labels)
   bool drop_last_partial_sequence = true;   ///< false: keep a last short sample, padded with pad_token
-  std::int32_t pad_token = 0;               ///< fills a short last sample (drop_last_partial_sequence false)
+  /// Fills a short last sample (drop_last_partial_sequence false). Megatron pads with the
+  /// tokenizer's pad id, or -1 (its _PAD_TOKEN_ID) when there is none or it collides with EOD;
+  /// its __getitem__ then zeroes the loss mask where the label is the pad and maps pad inputs
+  /// and labels to 0. That is the caller's job here: get() returns the padded text.
+  std::int32_t pad_token = -1;
 };
 
 /// Samples of seq_length (+ 1) tokens packed from the sequences [range.begin, range.end) of an
