@@ -13,7 +13,10 @@ against Megatron's own writer, reader, GPTDataset index builders, blending helpe
   tests/data/fixtures/megatron_expected.json          what megatron-core's IndexedDataset read
       back, GPTDataset's document/sample/shuffle indices and first samples for four configurations,
       helpers.build_blending_indices for two blends, and split ranges for six --split strings
-      (null: a split Megatron builds no dataset for)
+      (null: a split Megatron builds no dataset for). The split ranges use megatron-core's
+      parse_and_normalize_split and convert_split_vector_to_split_matrix; the two rounding lines
+      of BlendedMegatronDatasetBuilder._build_megatron_dataset_splits (int(round(x * n))) are
+      repeated here because they sit inside that method.
 
 Run from the repository root:  python3 tools/write_megatron_fixture.py
 """
