@@ -18,6 +18,7 @@
 #include "dsp/checkpoint/state.hpp"
 #include "dsp/core/tensor.hpp"
 #include "dsp/parallel/sharded_tensor.hpp"
+#include "../temp_dir.hpp"
 
 namespace checkpoint_test {
 
@@ -28,28 +29,7 @@ using dsp::Tensor;
 using dsp::checkpoint::ShardEntry;
 using dsp::checkpoint::State;
 
-/// A unique directory under the system temp directory, removed with everything in it.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::random_device rd;
-    path = fs::temp_directory_path() / ("dsp-checkpoint-test-" + std::to_string(rd()) + std::to_string(rd()));
-    fs::create_directories(path);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path, ignored);
-  }
-  fs::path operator/(const std::string& name) const { return path / name; }
-  /// Names in the directory (checks that no .tmp-/.old- leftovers remain).
-  std::vector<std::string> names() const {
-    std::vector<std::string> out;
-    for (const auto& e : fs::directory_iterator(path)) out.push_back(e.path().filename().string());
-    return out;
-  }
-};
+using dsp::test::TempDir;
 
 inline const std::string qkv_name = "model.layers.0.self_attn.qkv_proj.weight";
 inline const std::string gate_up_name = "model.layers.0.mlp.gate_up_proj.weight";

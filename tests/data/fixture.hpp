@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../data_dir.hpp"
+#include "../temp_dir.hpp"
 
 namespace data_test {
 
@@ -31,21 +32,6 @@ inline const nlohmann::json& expected() {
   return j;
 }
 
-/// A unique directory under the system temp directory, removed with everything in it.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::random_device rd;
-    path = fs::temp_directory_path() / ("dsp-data-test-" + std::to_string(rd()) + std::to_string(rd()));
-    fs::create_directories(path);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path, ignored);
-  }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-};
+using dsp::test::TempDir;
 
 }  // namespace data_test
