@@ -11,6 +11,10 @@
 // probs [batch, q_heads, q_len, kv_len]; q_positions [batch * q_len].
 // Query head h reads kv head h / (q_heads / kv_heads). Query (b, i) attends keys
 // j <= q_positions[b * q_len + i] (and j < kv_len); scale = 1 / sqrt(head_dim).
+// Packed documents (Megatron's --reset-attention-mask): with q_key_begin [batch * q_len], query
+// (b, i) sees only keys q_key_begin[b * q_len + i] <= j <= q_positions[b * q_len + i], the keys
+// of its own document (q_key_begin: its document's first row; nullptr: 0, plain causal). The
+// backward needs no mask: masked probabilities are exactly 0, so are their gradients.
 #include <cmath>
 #include <cstdint>
 
@@ -32,11 +36,14 @@ inline void check_attention_shape(std::int64_t q_heads, std::int64_t kv_heads, s
 /// (shapes and mask above). Overwrites out, and probs [batch, q_heads, q_len, kv_len] with the
 /// softmax probabilities for the backward (masked entries exactly 0; a query with no visible
 /// key gets a zero row and a zero output). probs may be nullptr (inference): a
-/// [q_len, kv_len] scratch buffer is used instead.
+/// [q_len, kv_len] scratch buffer is used instead. q_key_begin [batch * q_len] or nullptr: the
+/// document mask above (the backend's causal_softmax_forward overload with key_begin; Host and
+/// Cuda have it). Throws Error when q_heads is not a multiple of kv_heads or head_dim < 1.
 template <class Backend>
 void attention_forward(Backend hst, const float* q, const float* k, const float* v, const std::int32_t* q_positions,
                        std::int64_t batch, std::int64_t q_len, std::int64_t kv_len, std::int64_t q_heads,
-                       std::int64_t kv_heads, std::int64_t head_dim, float* out, float* probs) {
+                       std::int64_t kv_heads, std::int64_t head_dim, float* out, float* probs,
+                       const std::int32_t* q_key_begin = nullptr) {
   detail::check_attention_shape(q_heads, kv_heads, head_dim);
   const std::int64_t group = q_heads / kv_heads;
   const std::int64_t ldq = q_heads * head_dim, ldk = kv_heads * head_dim;
@@ -50,7 +57,10 @@ void attention_forward(Backend hst, const float* q, const float* k, const float*
       const float* vb = v + b * kv_len * ldk + g * head_dim;
       float* p = probs ? probs + (b * q_heads + h) * q_len * kv_len : p_scratch.data();
       matmul(hst, false, true, q_len, kv_len, head_dim, scale, qb, ldq, kb, ldk, 0.0f, p, kv_len);
-      causal_softmax_forward(hst, p, q_len, kv_len, q_positions + b * q_len);
+      if (q_key_begin)
+        causal_softmax_forward(hst, p, q_len, kv_len, q_positions + b * q_len, q_key_begin + b * q_len);
+      else
+        causal_softmax_forward(hst, p, q_len, kv_len, q_positions + b * q_len);
       matmul(hst, false, false, q_len, head_dim, kv_len, 1.0f, p, kv_len, vb, ldk, 0.0f,
              out + b * q_len * ldq + h * head_dim, ldq);
     }

@@ -5,6 +5,7 @@
 // the output projection row-parallel.
 //   x [tokens, hidden] -> qkv [tokens, (h_local + 2 kv_local) * d] -> q, k, v
 //   -> rope(q), rope(k) -> softmax(q k^T / sqrt(d) + causal) v [tokens, h_local * d]
+//   (causal within each packed document when ctx.key_begin is set: --reset-attention-mask)
 //   -> o_proj -> [tokens, hidden] (all-reduced)
 #include <cmath>
 #include <span>
@@ -54,7 +55,10 @@ class Attention {
 
   /// x [tokens, hidden] -> [tokens, hidden]. With ctx.paged (serving), this call's keys and
   /// values are written to their cache slots and each token attends its sequence's cached
-  /// keys up to its position (backend/host/paged_attention.hpp).
+  /// keys up to its position (backend/host/paged_attention.hpp). Training on packed documents
+  /// (ctx.key_begin / ctx.mask_positions, model/document_mask.hpp): RoPE at ctx.positions, each
+  /// token attending its own document's keys up to itself, in both attention paths; a paged
+  /// (serving) call with them throws Error.
   /// saved keeps what backward needs: q, k, v, the context and (unless selective
   /// recomputation) the softmax probabilities [batch, heads/tp, seq, seq], each rounded to
   /// ctx.activations (the softmax itself computes in fp32); with use_flash_attn the fp32
@@ -63,6 +67,7 @@ class Attention {
     const std::int64_t n = ctx.tokens(), qw = heads_ * d_, kw = kv_heads_ * d_;
     const Tensor qkv = qkv_.forward(x);
     const SpaceArray<std::int32_t> positions(ctx.positions);  // where the tensors are
+    const DocumentMask mask(ctx, positions);
     Tensor q({n, qw}), k({n, kw}), v({n, kw});
     copy_columns(Backend{}, qkv.data(), qw + 2 * kw, 0, q.data(), qw, 0, n, qw);
     copy_columns(Backend{}, qkv.data(), qw + 2 * kw, qw, k.data(), kw, 0, n, kw);
@@ -74,6 +79,8 @@ class Attention {
     Tensor context({n, qw});
     Tensor probs, lse;
     if (ctx.paged) {  // serving: this call's keys/values into the cache, attention over it
+      DSP_CHECK(!ctx.masks_documents(), "attention: document masks (key_begin, mask_positions) are for training; "
+                                        "a paged serving batch keeps each sequence apart already");
       const backend::PagedKvLayer kv = ctx.paged->layer(layer_);
       if constexpr (requires {
                       paged_kv_write(Backend{}, kv, k.data(), v.data(), n, kv_heads_, d_);
@@ -87,12 +94,12 @@ class Attention {
       }
     } else if (flash_) {
       if (saved) lse = Tensor({ctx.batch, heads_, ctx.seq});
-      flash_attention_forward(Backend{}, q.data(), k.data(), v.data(), positions.data(), ctx.batch, ctx.seq,
-                              ctx.seq, heads_, kv_heads_, d_, context.data(), saved ? lse.data() : nullptr);
+      flash_attention_forward(Backend{}, q.data(), k.data(), v.data(), mask.last, ctx.batch, ctx.seq, ctx.seq,
+                              heads_, kv_heads_, d_, context.data(), saved ? lse.data() : nullptr, mask.begin);
     } else {  // selective recomputation: the probabilities are recomputed in backward
       if (saved && !ctx.recompute.selective()) probs = Tensor({ctx.batch, heads_, ctx.seq, ctx.seq});
-      attention_forward(Backend{}, q.data(), k.data(), v.data(), positions.data(), ctx.batch, ctx.seq, ctx.seq,
-                        heads_, kv_heads_, d_, context.data(), probs.numel() > 0 ? probs.data() : nullptr);
+      attention_forward(Backend{}, q.data(), k.data(), v.data(), mask.last, ctx.batch, ctx.seq, ctx.seq, heads_,
+                        kv_heads_, d_, context.data(), probs.numel() > 0 ? probs.data() : nullptr, mask.begin);
       round_activations(Backend{}, ctx.activations, probs);
     }
     round_activations(Backend{}, ctx.activations, context);
@@ -107,18 +114,19 @@ class Attention {
     const std::int64_t n = ctx.tokens(), qw = heads_ * d_, kw = kv_heads_ * d_;
     const Tensor dcontext = o_.backward(s.context, dy);
     const SpaceArray<std::int32_t> positions(ctx.positions);
+    const DocumentMask mask(ctx, positions);
     Tensor dq({n, qw}), dk({n, kw}), dv({n, kw});
     if (flash_) {
       flash_attention_backward(Backend{}, s.q.data(), s.k.data(), s.v.data(), s.context.data(), dcontext.data(),
-                               s.lse.data(), positions.data(), ctx.batch, ctx.seq, ctx.seq, heads_, kv_heads_, d_,
-                               dq.data(), dk.data(), dv.data());
+                               s.lse.data(), mask.last, ctx.batch, ctx.seq, ctx.seq, heads_, kv_heads_, d_,
+                               dq.data(), dk.data(), dv.data(), mask.begin);
     } else {
       Tensor recomputed;  // the softmax probabilities when the forward did not keep them
       if (s.probs.numel() == 0) {
         recomputed = Tensor({ctx.batch, heads_, ctx.seq, ctx.seq});
         Tensor context({n, qw});
-        attention_forward(Backend{}, s.q.data(), s.k.data(), s.v.data(), positions.data(), ctx.batch, ctx.seq,
-                          ctx.seq, heads_, kv_heads_, d_, context.data(), recomputed.data());
+        attention_forward(Backend{}, s.q.data(), s.k.data(), s.v.data(), mask.last, ctx.batch, ctx.seq, ctx.seq,
+                          heads_, kv_heads_, d_, context.data(), recomputed.data(), mask.begin);
         round_activations(Backend{}, ctx.activations, recomputed);  // as the forward would have kept them
       }
       const Tensor& probs = s.probs.numel() > 0 ? s.probs : recomputed;
@@ -156,6 +164,27 @@ class Attention {
   }
 
  private:
+  // The attention mask of ctx where the tensors are: last = mask_positions (or the positions
+  // themselves), begin = key_begin (or nullptr: plain causal).
+  struct DocumentMask {
+    SpaceArray<std::int32_t> begin_array, last_array;
+    const std::int32_t* begin = nullptr;
+    const std::int32_t* last = nullptr;
+    DocumentMask(const ForwardContext& ctx, const SpaceArray<std::int32_t>& positions) {
+      const auto n = static_cast<std::size_t>(ctx.tokens());
+      DSP_CHECK(ctx.key_begin.empty() || ctx.key_begin.size() == n, "attention: key_begin holds ",
+                ctx.key_begin.size(), " entries for ", n, " tokens");
+      DSP_CHECK(ctx.mask_positions.empty() || ctx.mask_positions.size() == n, "attention: mask_positions holds ",
+                ctx.mask_positions.size(), " entries for ", n, " tokens");
+      if (!ctx.key_begin.empty()) {
+        begin_array = SpaceArray<std::int32_t>(ctx.key_begin);
+        begin = begin_array.data();
+      }
+      if (!ctx.mask_positions.empty()) last_array = SpaceArray<std::int32_t>(ctx.mask_positions);
+      last = ctx.mask_positions.empty() ? positions.data() : last_array.data();
+    }
+  };
+
   std::int64_t layer_;
   int tp_size_;
   std::int64_t d_, heads_, kv_heads_;

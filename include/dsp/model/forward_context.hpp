@@ -34,7 +34,15 @@ struct PagedKvBatch {
 struct ForwardContext {
   std::int64_t batch = 1;                 ///< sequences in the micro-batch
   std::int64_t seq = 1;                   ///< tokens per sequence in this call
-  std::vector<std::int32_t> positions;    ///< [batch * seq] position of each token in its sequence
+  std::vector<std::int32_t> positions;    ///< [batch * seq] position of each token in its sequence (RoPE's)
+  /// Training on packed documents (model/document_mask.hpp, Megatron's --reset-attention-mask):
+  /// per token [batch * seq], the row in its sequence of its document's first token; a token
+  /// attends only the keys from there up to mask_positions (its own document). Empty: from 0.
+  std::vector<std::int32_t> key_begin;
+  /// Per token [batch * seq], the last key row it attends, when positions no longer say it
+  /// (--reset-position-ids restarts positions after every end-of-document token; the causal
+  /// mask reads the row in the sequence). Empty: positions.
+  std::vector<std::int32_t> mask_positions;
   /// Serving: a ragged batch (batch = 1, seq = its tokens, each at ctx.positions in its own
   /// sequence) whose keys and values are written to and attended from this paged cache.
   const PagedKvBatch* paged = nullptr;
@@ -49,6 +57,8 @@ struct ForwardContext {
   ActivationPrecision activations = ActivationPrecision::Fp32;
 
   std::int64_t tokens() const { return batch * seq; }
+  /// Whether attention reads key_begin / mask_positions (packed documents) instead of only positions.
+  bool masks_documents() const { return !key_begin.empty() || !mask_positions.empty(); }
 
   /// Serving: a ragged batch of positions.size() tokens, each at its position in its own
   /// sequence, keys and values in `paged`; logits of `logit_rows` only (nullopt: all).

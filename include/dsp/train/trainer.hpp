@@ -18,7 +18,10 @@
 //   auxiliary-loss-free expert-bias update from the step's global expert load.
 // The loss is normalised by the global number of loss tokens (every micro-batch on every
 // DP rank), so any (TP, PP, DP, micro-batch) split of the same global batch gives the same
-// update up to floating-point summation order.
+// update up to floating-point summation order. Packed documents (TrainConfig's
+// reset_position_ids, reset_attention_mask, eod_mask_loss, eod_token; model/document_mask.hpp)
+// follow Megatron: positions, attention and the loss mask per document; a masked token's target
+// is -1, so it drops out of that count too.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -41,6 +44,7 @@
 #include "dsp/ep/balance.hpp"
 #include "dsp/ep/moe_options.hpp"
 #include "dsp/model/activation_precision.hpp"
+#include "dsp/model/document_mask.hpp"
 #include "dsp/model/forward_context.hpp"
 #include "dsp/parallel/device_mesh.hpp"
 #include "dsp/policy.hpp"
@@ -103,6 +107,19 @@ struct TrainConfig {
   /// --min-loss-scale too large), or the loss itself is not (the forward overflowed: with
   /// Fp16Mixed, activations past fp16's 65504), and skipping further would only consume data.
   std::optional<precision::LossScalerConfig> loss_scaler{};
+  /// Packed documents (model/document_mask.hpp, Megatron's _get_ltor_masks_and_position_ids),
+  /// for training and evaluate(): --reset-position-ids (positions restart at 0 after each EOD
+  /// token), --reset-attention-mask (a token attends only its own document), --eod-mask-loss (no
+  /// loss where the INPUT token is the EOD), and the EOD token id they need (--eod-token; the
+  /// tokenizer's). All off by default: then nothing changes, bitwise.
+  bool reset_position_ids = false;
+  bool reset_attention_mask = false;
+  bool eod_mask_loss = false;
+  std::int32_t eod_token = -1;
+  /// The four fields above as model::DocumentMaskConfig.
+  model::DocumentMaskConfig documents() const {
+    return {reset_position_ids, reset_attention_mask, eod_mask_loss, eod_token};
+  }
 
   /// Throws ConfigError naming the flag and the value for a value out of its range: batch
   /// sizes, train_iters and eval_iters below 1; lr, min_lr, lr_warmup_iters, lr_decay_iters,
@@ -117,7 +134,25 @@ struct TrainConfig {
     for (auto [flag, value] : {std::pair{"--lr", lr}, {"--min-lr", min_lr}, {"--clip-grad", clip_grad}})
       DSP_CHECK_AS(ConfigError, value >= 0.0f, flag, " must be >= 0, got ", value);
     adam.validate();
+    documents().validate();
   }
+};
+
+/// One micro-batch a caller hands to Trainer::train_step(std::vector<MicroBatch>): micro_batch_size
+/// sequences of seq_length tokens side by side, every vector [micro_batch_size * seq_length].
+struct MicroBatch {
+  std::vector<std::int32_t> inputs;   ///< token ids
+  std::vector<std::int32_t> targets;  ///< next-token ids; < 0: no loss (ignored)
+  /// Optional (empty: derived). RoPE positions of the tokens in their sequence; empty: 0..seq-1,
+  /// or restarted after each EOD input with TrainConfig::reset_position_ids.
+  std::vector<std::int32_t> positions;
+  /// Optional: the index of each token's document in its sequence (non-decreasing along it); a
+  /// token attends only its own document's earlier tokens. Empty: from the EOD inputs with
+  /// TrainConfig::reset_attention_mask, else one document per sequence.
+  std::vector<std::int32_t> document_ids;
+  /// Optional: 1 where a token carries loss, 0 where not (same as target -1; only 0 and 1).
+  /// Multiplied with the EOD loss mask of TrainConfig::eod_mask_loss. Empty: all 1.
+  std::vector<float> loss_mask;
 };
 
 /// One MoE layer's routing over a whole step, summed over every data-parallel rank.
@@ -256,13 +291,52 @@ class Trainer {
   /// every rank when the gradient norm is not finite and TrainConfig::check_for_nan_in_loss_and_grad
   /// is on, and after 10 loss-scaling skips in a row at the minimum scale (TrainConfig::loss_scaler);
   /// ConfigError and the communicators' errors as they arise.
-  StepResult train_step() {
+  StepResult train_step() { return run_step(next_micro_batches(), std::chrono::steady_clock::now()); }
+
+  /// One optimizer step over a global batch the caller made instead of the data set's next
+  /// one: this data-parallel rank's share, sampler().accumulation_steps() micro-batches
+  /// (gradient accumulation) of micro_batch_size sequences of seq_length tokens each, the same
+  /// on every tensor and pipeline rank of this replica. Each micro-batch may carry positions,
+  /// document ids and a loss mask (MicroBatch); the document options of the TrainConfig apply
+  /// to the rest. The loss is the sum over loss tokens divided by their count over the whole
+  /// global batch (every micro-batch and data-parallel rank), so splitting the same sequences
+  /// differently over micro-batches and DP ranks gives the same update up to summation order.
+  /// Does not advance the data sampler. Collective over the mesh. Throws Error when the number
+  /// of micro-batches or a vector's size is wrong, and as train_step().
+  StepResult train_step(std::vector<MicroBatch> micro_batches) {
     const auto t0 = std::chrono::steady_clock::now();
+    DSP_CHECK(static_cast<std::int64_t>(micro_batches.size()) == sampler_.accumulation_steps(), "train_step: ",
+              micro_batches.size(), " micro-batches, but a global batch of ", tc_.global_batch_size,
+              " sequences over ", mesh_->dp_size(), " data-parallel ranks in micro-batches of ", tc_.micro_batch_size,
+              " is ", sampler_.accumulation_steps(), " per rank");
+    const auto n = static_cast<std::size_t>(tc_.micro_batch_size * data_->seq_length());
+    for (const MicroBatch& mb : micro_batches) {
+      DSP_CHECK(mb.inputs.size() == n && mb.targets.size() == n, "train_step: a micro-batch's inputs and targets ",
+                "must hold micro_batch_size x seq_length = ", n, " tokens, got ", mb.inputs.size(), " and ",
+                mb.targets.size());
+      for (const auto* v : {&mb.positions, &mb.document_ids})
+        DSP_CHECK(v->empty() || v->size() == n, "train_step: a micro-batch's positions and document_ids must be "
+                                                "empty or hold ", n, " entries, got ", v->size());
+      DSP_CHECK(mb.loss_mask.empty() || mb.loss_mask.size() == n, "train_step: a micro-batch's loss_mask must be "
+                                                                  "empty or hold ", n, " entries, got ",
+                mb.loss_mask.size());
+    }
+    return run_step(std::move(micro_batches), t0);
+  }
+
+ private:
+  StepResult run_step(std::vector<MicroBatch> micro_batches, std::chrono::steady_clock::time_point t0) {
     trace::Span step_span("train_step", trace::Kind::Compute);
     backend::MatmulPrecisionScope matmuls(matmul_precision);
     for (auto& s : stages_) s->zero_grad();
     const std::int64_t seq = data_->seq_length();
-    std::vector<MicroBatch> micro_batches = next_micro_batches();
+    auto ctx = model::ForwardContext::for_training(tc_.micro_batch_size, seq);
+    ctx.moe = tc_.moe;
+    ctx.recompute = tc_.recompute;
+    ctx.activations = activation_precision;
+    ctx.moe.aux_loss_scale = static_cast<float>(double(tc_.micro_batch_size) / double(tc_.global_batch_size));
+    // per micro-batch when some carries documents (targets of masked tokens set to -1 first)
+    std::vector<model::ForwardContext> contexts = document_contexts(ctx, micro_batches);
     std::vector<double> counts{0.0};  // loss tokens (targets >= 0) of the global batch
     for (const auto& mb : micro_batches) counts[0] += count_loss_tokens(mb.targets);
     mesh_->data_group().all_reduce(std::span(counts));
@@ -273,18 +347,15 @@ class Trainer {
       (p.expert ? expert_buckets_ : buckets_).mark_ready(p);
     };
     std::map<std::pair<int, int>, typename Stage::Activations> stash;  // (micro-batch, stage)
-    auto ctx = model::ForwardContext::for_training(tc_.micro_batch_size, seq);
-    ctx.moe = tc_.moe;
-    ctx.recompute = tc_.recompute;
-    ctx.activations = activation_precision;
-    ctx.moe.aux_loss_scale = static_cast<float>(double(tc_.micro_batch_size) / double(tc_.global_batch_size));
     ctx.moe.loss_scale = static_cast<float>(loss_scale);
+    for (auto& c : contexts) c.moe.loss_scale = ctx.moe.loss_scale;
     for (auto* m : moe_layers()) m->stats().clear();
     typename pp::Engine<Comm>::Hooks hooks;
     hooks.forward = [&](int m, int s, Tensor x) {
       Stage& stage = chunk(s);
       MicroBatch& mb = micro_batches[static_cast<std::size_t>(m)];
-      Tensor out = stage.forward(ctx, stage.layers().pre_process ? std::move(mb.inputs) : std::vector<std::int32_t>{},
+      const model::ForwardContext& c = contexts.empty() ? ctx : contexts[static_cast<std::size_t>(m)];
+      Tensor out = stage.forward(c, stage.layers().pre_process ? std::move(mb.inputs) : std::vector<std::int32_t>{},
                                  stage.layers().post_process ? std::move(mb.targets) : std::vector<std::int32_t>{},
                                  std::move(x), stash[{m, s}]);
       if (stage.layers().post_process) loss_sum[0] += std::accumulate(out.values().begin(), out.values().end(), 0.0);
@@ -368,6 +439,7 @@ class Trainer {
     return r;
   }
 
+ public:
   /// Mean validation loss (nats/token) over the first min(eval_iters, available) global
   /// batches of the validation split (the same windows every time; at least one batch, checked
   /// at construction). Forward only, stage after stage. Collective over the mesh.
@@ -377,13 +449,19 @@ class Trainer {
     const std::int64_t batches = std::min(tc_.eval_iters, data_->val_windows() / tc_.global_batch_size);
     std::vector<double> sums{0.0, 0.0};  // loss sum (last stage), tokens
     std::vector<std::int32_t> inputs, targets;
-    auto ctx = model::ForwardContext::for_training(tc_.micro_batch_size, seq);
-    ctx.activations = activation_precision;
+    const auto plain = [&] {
+      auto c = model::ForwardContext::for_training(tc_.micro_batch_size, seq);
+      c.activations = activation_precision;
+      return c;
+    }();
+    const model::DocumentMaskConfig documents = tc_.documents();
     for (std::int64_t b = 0; b < batches; ++b)
       for (std::int64_t m = 0; m < per_rank; m += tc_.micro_batch_size) {
         std::vector<std::int64_t> windows(static_cast<std::size_t>(tc_.micro_batch_size));
         std::iota(windows.begin(), windows.end(), b * tc_.global_batch_size + mesh_->dp_rank() * per_rank + m);
         data_->batch(true, windows, inputs, targets);
+        model::ForwardContext ctx = plain;
+        if (documents.any()) model::apply_document_masks(ctx, inputs, targets, documents);
         sums[1] += count_loss_tokens(targets);
         const Tensor loss = pp::forward_stages(mesh_->pipeline_group(), engine_.schedule().num_stages(),
                                                {ctx.tokens(), model_config().hidden_size}, [&](int s, Tensor x) {
@@ -441,9 +519,31 @@ class Trainer {
   std::int64_t iteration() const { return optimizer_.steps(); }
 
  private:
-  struct MicroBatch {
-    std::vector<std::int32_t> inputs, targets;
-  };
+  // The forward contexts of the micro-batches (from ctx) when the document options are on or a
+  // micro-batch carries positions, document ids or a loss mask; the loss mask (with the EOD's,
+  // --eod-mask-loss) turned into targets of -1. Empty otherwise: every micro-batch runs on ctx,
+  // exactly as without documents.
+  std::vector<model::ForwardContext> document_contexts(const model::ForwardContext& ctx,
+                                                       std::vector<MicroBatch>& micro_batches) const {
+    const model::DocumentMaskConfig dc = tc_.documents();
+    const bool carried = std::any_of(micro_batches.begin(), micro_batches.end(), [](const MicroBatch& mb) {
+      return !mb.positions.empty() || !mb.document_ids.empty() || !mb.loss_mask.empty();
+    });
+    if (!dc.any() && !carried) return {};
+    std::vector<model::ForwardContext> out;
+    for (MicroBatch& mb : micro_batches) {
+      model::DocumentMasks masks = model::document_masks(mb.inputs, ctx.seq, dc);
+      if (!mb.positions.empty()) masks.positions = mb.positions;
+      if (!mb.document_ids.empty()) {
+        masks.document_ids = mb.document_ids;
+        masks.key_begin = model::key_begin_from_document_ids(mb.document_ids, ctx.seq);
+      }
+      for (std::size_t t = 0; t < mb.loss_mask.size(); ++t) masks.loss_mask[t] *= mb.loss_mask[t];
+      out.push_back(ctx);
+      model::apply_document_masks(out.back(), masks, mb.targets);
+    }
+    return out;
+  }
 
   // Targets that carry a loss (ignored positions are < 0).
   static double count_loss_tokens(const std::vector<std::int32_t>& targets) {

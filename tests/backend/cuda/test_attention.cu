@@ -71,3 +71,42 @@ TEST_CASE("attention forward (out, probs; probs may be null) and backward equal 
     CHECK(relative_error(on_host(d_out2), out) < kTol);
   }
 }
+
+TEST_CASE("attention with a document mask (key_begin, --reset-attention-mask) equals the Host op") {
+  // Two sequences of 70 tokens, each packing documents [0, 5), [5, 42), [42, 70) and
+  // [0, 30), [30, 70): query i sees keys key_begin[i] .. i. Tolerance kTol as above.
+  const Cuda b{};
+  const std::int64_t batch = 2, q_len = 70, q_heads = 4, kv_heads = 2, head_dim = 40;
+  std::vector<std::int32_t> positions(batch * q_len), key_begin(batch * q_len);
+  for (std::int64_t i = 0; i < batch * q_len; ++i) {
+    const std::int64_t row = i % q_len;
+    positions[i] = std::int32_t(row);
+    key_begin[i] = std::int32_t(i < q_len ? (row < 5 ? 0 : row < 42 ? 5 : 42) : (row < 30 ? 0 : 30));
+  }
+  const auto q = random_vector(batch * q_len * q_heads * head_dim, 11);
+  const auto k = random_vector(batch * q_len * kv_heads * head_dim, 12);
+  const auto v = random_vector(batch * q_len * kv_heads * head_dim, 13);
+  const auto dout = random_vector(q.size(), 14);
+  std::vector<float> out(q.size()), probs(batch * q_heads * q_len * q_len), dq(q.size()), dk(k.size()),
+      dv(v.size());
+  attention_forward(Host{}, q.data(), k.data(), v.data(), positions.data(), batch, q_len, q_len, q_heads, kv_heads,
+                    head_dim, out.data(), probs.data(), key_begin.data());
+  attention_backward(Host{}, q.data(), k.data(), v.data(), probs.data(), dout.data(), batch, q_len, q_len, q_heads,
+                     kv_heads, head_dim, dq.data(), dk.data(), dv.data());
+  auto d_q = on_device(b, q), d_k = on_device(b, k), d_v = on_device(b, v), d_dout = on_device(b, dout);
+  auto d_pos = on_device(b, positions), d_begin = on_device(b, key_begin);
+  DeviceBuffer<float> d_out(b, out.size()), d_probs(b, probs.size()), d_dq(b, dq.size()), d_dk(b, dk.size()),
+      d_dv(b, dv.size());
+  attention_forward(b, d_q.data(), d_k.data(), d_v.data(), d_pos.data(), batch, q_len, q_len, q_heads, kv_heads,
+                    head_dim, d_out.data(), d_probs.data(), d_begin.data());
+  CHECK(relative_error(on_host(d_out), out) < kTol);
+  const auto got_probs = on_host(d_probs);
+  CHECK(relative_error(got_probs, probs) < kTol);
+  for (std::size_t i = 0; i < probs.size(); ++i)
+    if (probs[i] == 0.0f) CHECK(got_probs[i] == 0.0f);  // the document mask is exact
+  attention_backward(b, d_q.data(), d_k.data(), d_v.data(), d_probs.data(), d_dout.data(), batch, q_len, q_len,
+                     q_heads, kv_heads, head_dim, d_dq.data(), d_dk.data(), d_dv.data());
+  CHECK(relative_error(on_host(d_dq), dq) < kTol);
+  CHECK(relative_error(on_host(d_dk), dk) < kTol);
+  CHECK(relative_error(on_host(d_dv), dv) < kTol);
+}

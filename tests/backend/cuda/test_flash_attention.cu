@@ -274,3 +274,20 @@ TEST_CASE("flash attention throws Error for a bad shape before launching") {
                                            2, 2, 257, nullptr, nullptr, nullptr),
                   dsp::Error);
 }
+
+TEST_CASE("flash attention on CUDA refuses a document mask (key_begin) with an Error naming the way out") {
+  const Cuda b{};
+  const std::int64_t q_len = 4, heads = 1, head_dim = 8;
+  std::vector<std::int32_t> positions{0, 1, 2, 3}, key_begin{0, 0, 2, 2};
+  const auto x = random_vector(q_len * heads * head_dim, 21);
+  auto d_x = on_device(b, x);
+  auto d_pos = on_device(b, positions), d_begin = on_device(b, key_begin);
+  DeviceBuffer<float> d_out(b, x.size()), d_lse(b, q_len), d_dq(b, x.size()), d_dk(b, x.size()), d_dv(b, x.size());
+  CHECK_THROWS_WITH_AS(flash_attention_forward(b, d_x.data(), d_x.data(), d_x.data(), d_pos.data(), 1, q_len, q_len,
+                                               heads, heads, head_dim, d_out.data(), d_lse.data(), d_begin.data()),
+                       doctest::Contains("--use-flash-attn"), dsp::Error);
+  CHECK_THROWS_WITH_AS(flash_attention_backward(b, d_x.data(), d_x.data(), d_x.data(), d_out.data(), d_x.data(),
+                                                d_lse.data(), d_pos.data(), 1, q_len, q_len, heads, heads, head_dim,
+                                                d_dq.data(), d_dk.data(), d_dv.data(), d_begin.data()),
+                       doctest::Contains("--use-flash-attn"), dsp::Error);
+}

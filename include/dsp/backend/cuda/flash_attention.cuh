@@ -424,10 +424,17 @@ void with_flash_chunks(std::int64_t head_dim, F&& f) {
 /// the tensor-core kernel (flash_attention_mma.cuh). Throws Error when q_heads is not a multiple of
 /// kv_heads, head_dim is outside [1, 256], a size is negative or exceeds the grid, or the
 /// device's shared memory per block is too small for head_dim; CudaError when a launch fails.
+/// The document mask (q_key_begin, the Host op's --reset-attention-mask) is not implemented in
+/// these kernels yet: a non-null q_key_begin throws Error (the materialising
+/// attention_forward has it on CUDA: run without --use-flash-attn).
 inline void flash_attention_forward(Cuda b, const float* q, const float* k, const float* v,
                                     const std::int32_t* q_positions, std::int64_t batch, std::int64_t q_len,
                                     std::int64_t kv_len, std::int64_t q_heads, std::int64_t kv_heads,
-                                    std::int64_t head_dim, float* out, float* lse) {
+                                    std::int64_t head_dim, float* out, float* lse,
+                                    const std::int32_t* q_key_begin = nullptr) {
+  DSP_CHECK(q_key_begin == nullptr,
+            "flash attention on CUDA has no document mask (--reset-attention-mask) yet: run without "
+            "--use-flash-attn, or on the host backend");
   detail::check_flash_attention_shape(batch, q_len, kv_len, q_heads, kv_heads, head_dim);
   // kv_len == 0 still launches: every row sees no key and gets out 0, lse -inf.
   if (batch == 0 || q_len == 0 || q_heads == 0) return;
@@ -460,12 +467,15 @@ inline void flash_attention_forward(Cuda b, const float* q, const float* k, cons
 /// (4 * 32 * (head_dim | 1) floats of shared memory per block), each output written once by one
 /// thread: deterministic, bitwise equal from run to run (no atomics). In a bf16 / fp16 matmul
 /// scope at head_dim <= 128, the tensor-core dK/dV and dQ kernels (flash_attention_mma.cuh),
-/// deterministic as well. Throws as flash_attention_forward.
+/// deterministic as well. Throws as flash_attention_forward (a non-null q_key_begin included).
 inline void flash_attention_backward(Cuda b, const float* q, const float* k, const float* v, const float* out,
                                      const float* dout, const float* lse, const std::int32_t* q_positions,
                                      std::int64_t batch, std::int64_t q_len, std::int64_t kv_len,
                                      std::int64_t q_heads, std::int64_t kv_heads, std::int64_t head_dim, float* dq,
-                                     float* dk, float* dv) {
+                                     float* dk, float* dv, const std::int32_t* q_key_begin = nullptr) {
+  DSP_CHECK(q_key_begin == nullptr,
+            "flash attention on CUDA has no document mask (--reset-attention-mask) yet: run without "
+            "--use-flash-attn, or on the host backend");
   detail::check_flash_attention_shape(batch, q_len, kv_len, q_heads, kv_heads, head_dim);
   if (batch == 0) return;
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));

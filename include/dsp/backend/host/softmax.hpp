@@ -41,6 +41,22 @@ inline void causal_softmax_forward(Host h, float* p, std::int64_t rows, std::int
   }
 }
 
+/// Document-masked causal softmax in place over p [rows, cols] (packed documents,
+/// Megatron's --reset-attention-mask): row i is a softmax over the columns
+/// [clamp(key_begin[i], 0, end_i), end_i), end_i = clamp(positions[i] + 1, 0, cols), and exactly
+/// 0 outside them (a row with no column is all zeros). key_begin [rows]: the first key of row
+/// i's document. The softmax of a row is bitwise the one its document alone would get.
+inline void causal_softmax_forward(Host h, float* p, std::int64_t rows, std::int64_t cols,
+                                   const std::int32_t* positions, const std::int32_t* key_begin) {
+  for (std::int64_t i = 0; i < rows; ++i) {
+    const std::int64_t end = std::clamp<std::int64_t>(positions[i] + 1, 0, cols);
+    const std::int64_t begin = std::clamp<std::int64_t>(key_begin[i], 0, end);
+    float* row = p + i * cols;
+    std::fill(row, row + begin, 0.0f);
+    softmax_forward(h, row + begin, 1, cols - begin, end - begin, row + begin);
+  }
+}
+
 /// dx [rows, cols] = y * (dy - sum_j y[j] dy[j]) per row, the softmax Jacobian-vector
 /// product from the forward's output y [rows, cols] and dy [rows, cols]; masked columns
 /// (y == 0) get exactly 0. Overwrites dx; dx == dy allowed.
