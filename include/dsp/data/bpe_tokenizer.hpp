@@ -289,7 +289,8 @@ class BpeTokenizer {
     refuse(null_or_empty("continuing_subword_prefix") && null_or_empty("end_of_word_suffix"),
            "continuing_subword_prefix / end_of_word_suffix are not supported (not a byte-level BPE)");
     refuse(!spec.contains("normalizer") || spec["normalizer"].is_null(), "normalizer '",
-           spec.contains("normalizer") ? spec["normalizer"].value("type", std::string("?")) : std::string(),
+           spec.contains("normalizer") && spec["normalizer"].is_object() ? spec["normalizer"].value("type", std::string("?"))
+                                                                   : std::string(),
            "' is not supported (only none)");
     refuse(spec.contains("pre_tokenizer") && spec["pre_tokenizer"].is_object() &&
                spec["pre_tokenizer"].value("type", std::string()) == "ByteLevel",
