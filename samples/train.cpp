@@ -1,6 +1,8 @@
 // dsp-train: trains the decoder (dense, or DeepSeekMoE with --num-experts) on a byte-level
-// text file with tensor, pipeline, data and expert parallelism (threads as ranks, or
-// processes under mpiexec), Megatron flag spelling. Writes JSON-lines metrics, a live progress
+// text file or on Megatron indexed datasets (--data-path PREFIX or a blend "0.3 A 0.7 B",
+// --split, --eod-mask-loss, --reset-position-ids, --reset-attention-mask) with tensor,
+// pipeline, data and expert parallelism (threads as ranks, or processes under mpiexec),
+// Megatron flag spelling. Writes JSON-lines metrics, a live progress
 // line on a terminal, sharded checkpoints and, for MoE models, an end-of-run routing table.
 //
 //   dsp-train --world-size 4 --tensor-model-parallel-size 2 --data-path data/tinyshakespeare.txt
@@ -25,6 +27,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -33,6 +36,8 @@
 #include "model_flags.hpp"
 #include "ranks.hpp"
 #include "dsp/core/trace.hpp"
+#include "dsp/data/blended_gpt_data.hpp"
+#include "dsp/data/tokenizer.hpp"
 #include "dsp/plan/validate.hpp"
 #include "dsp/train/checkpointing.hpp"
 #include "dsp/train/exit_signal.hpp"
@@ -55,7 +60,10 @@ struct Options {
   dsp::model::ModelConfig model;  // from model_flags
   dsp::train::TrainConfig train;
   std::int64_t eval_interval = 0, save_interval = 0, exit_interval = 0, log_interval = 10;
-  std::string data_path, save, load, metrics_file, grad_reduce_dtype = "fp32";
+  std::vector<std::string> data_path;  // --data-path: a text file, PREFIX, or WEIGHT PREFIX pairs
+  std::string split = "969,30,1";      // --split (Megatron datasets)
+  std::string tokenizer_type = "ByteTokenizer", tokenizer_model;
+  std::string save, load, metrics_file, grad_reduce_dtype = "fp32";
   std::int64_t save_retain = 0;             // --save-retain: keep the newest N iterations (0: all)
   std::optional<std::int64_t> ckpt_step;    // --ckpt-step: load this iteration, not the tracker's
   bool overwrite_checkpoints = false;       // --overwrite-checkpoints: skip the later-iteration check
@@ -149,7 +157,22 @@ void add_flags(CLI::App& app, Options& o) {
                "on SIGTERM or SIGINT finish the step, save to --save and exit 0 (a second signal exits at once)");
   samples::path_option(app.add_option("--load", o.load, "checkpoint to resume from: a folder of iter_* checkpoints (its latest_checkpointed_iteration.txt) or one checkpoint"));
   app.add_option("--ckpt-step", o.ckpt_step, "load this iteration of --load instead of the tracker's")->check(samples::at_least(0));
-  samples::path_option(app.add_option("--data-path", o.data_path, "text file; bytes are tokens, the last 10% is validation"))->required();
+  samples::path_option(app.add_option("--data-path", o.data_path,
+                                      "a text file (bytes are tokens, the last 10% is validation), or Megatron indexed "
+                                      "datasets: PREFIX (PREFIX.bin + PREFIX.idx, from dsp-preprocess-data or Megatron's "
+                                      "preprocess_data.py) or a blend WEIGHT PREFIX WEIGHT PREFIX ..."))
+      ->required()
+      ->expected(1, -1);
+  app.add_option("--split", o.split, "train,valid,test weights over each dataset's sequences (Megatron datasets)");
+  app.add_option("--tokenizer-type", o.tokenizer_type,
+                 "tokenizer of the Megatron datasets (its EOD id and vocabulary): ByteTokenizer (bytes, EOD 256) or "
+                 "HuggingFaceTokenizer")
+      ->check(CLI::IsMember({"ByteTokenizer", "HuggingFaceTokenizer"}));
+  samples::path_option(app.add_option("--tokenizer-model", o.tokenizer_model, "tokenizer.json (HuggingFaceTokenizer)"));
+  app.add_flag("--eod-mask-loss", o.train.eod_mask_loss, "no loss on the prediction made at an EOD token");
+  app.add_flag("--reset-position-ids", o.train.reset_position_ids, "positions restart at 0 after each EOD token");
+  app.add_flag("--reset-attention-mask", o.train.reset_attention_mask,
+               "a token attends only its own document (attention stops at EOD tokens)");
   samples::path_option(app.add_option("--metrics-file", o.metrics_file, "JSON lines: step, loss, val_loss, lr, grad_norm, tokens_per_s, mfu, step_time_s, bubble_fraction, peak_activation_bytes, memory (rank 0's live bytes at the step's end by category: parameters, gradients, optimizer_state, activations, communication, workspace, total; and their peaks over the step: peak_<category>, peak_total), moe (per MoE layer: tokens_per_expert, max_over_mean_load, dropped, aux_loss), loss_scale and skipped (with --initial-loss-scale) (global rank 0)"));
   app.add_option("--peak-flops", o.peak_flops, "FLOP/s that MFU is measured against (default: this machine's sgemm peak, measured once and cached in ~/.cache/dsp/peak_flops.json or $DSP_PEAK_FLOPS_CACHE)");
   samples::path_option(app.add_option("--profile-file", o.profile_file, "write a Chrome trace (ui.perfetto.dev) of the profiled steps here"));
@@ -250,10 +273,33 @@ void validate_plan(const Options& o, int world_size) {
   dsp::plan::validate(plan, world_size);
 }
 
+/// Whether --data-path names Megatron indexed datasets (a blend, or PREFIX with PREFIX.idx or
+/// PREFIX.bin beside it) rather than one text file.
+bool megatron_data(const std::vector<std::string>& words) {
+  return words.size() > 1 || std::filesystem::exists(words.at(0) + ".idx") || std::filesystem::exists(words[0] + ".bin");
+}
+
+/// The data of --data-path: a text file as bytes (as before Megatron datasets), else Megatron
+/// indexed datasets split by --split and blended, asked for --train-iters x --global-batch-size
+/// training and --eval-iters x --global-batch-size validation samples (what Megatron asks).
+std::unique_ptr<const dsp::data::SampleSource> open_data(const Options& o) {
+  const auto& words = o.data_path;
+  if (!megatron_data(words)) return std::make_unique<dsp::train::TokenDataset>(dsp::train::TokenDataset::from_file(words[0], o.model.seq_length));
+  dsp::data::GptDataConfig c;
+  c.blend = dsp::data::parse_data_path(words);
+  c.split = o.split;
+  c.seq_length = o.model.seq_length;
+  c.seed = static_cast<std::uint32_t>(o.train.seed);
+  c.train_samples = o.train.train_iters * o.train.global_batch_size;
+  c.valid_samples = o.train.eval_iters * o.train.global_batch_size;
+  c.vocab_size = o.model.vocab_size;
+  return std::make_unique<dsp::data::BlendedGptData>(c);
+}
+
 void train(Options& o) {
   o.train.validate();  // the Trainer checks again; here before the sgemm peak and the data are read
   if (o.peak_flops <= 0) o.peak_flops = machine_peak_flops();
-  const auto data = dsp::train::TokenDataset::from_file(o.data_path, o.model.seq_length);
+  const std::unique_ptr<const dsp::data::SampleSource> data = open_data(o);
   std::int64_t start = 0;  // the iteration this run resumes from
   if (!o.load.empty()) {
     o.load = dsp::checkpoint::resolve_checkpoint(o.load, o.ckpt_step).string();  // the iter_* folder
@@ -285,7 +331,7 @@ void train(Options& o) {
       using P = dsp::Policy<dsp::backend::Host, Comm, Precision>;
       dsp::DeviceMesh mesh(world, dsp::ParallelLayout{.tensor = o.tensor_parallel, .pipeline = o.pipeline_parallel,
                                                       .expert = o.expert_parallel});
-      dsp::train::Trainer<P> trainer(o.model, o.train, mesh, data);
+      dsp::train::Trainer<P> trainer(o.model, o.train, mesh, *data);
       if (!o.load.empty()) dsp::train::load_checkpoint(o.load, trainer);
       const bool lead = world.rank() == 0;
       std::optional<std::ofstream> metrics;
@@ -296,6 +342,10 @@ void train(Options& o) {
                     o.train.zero_stage,
                     static_cast<long long>(trainer.sampler().accumulation_steps()),
                     static_cast<long long>(o.train.micro_batch_size), o.peak_flops / 1e9);
+        std::printf("data: %s, %lld training and %lld validation samples of %lld tokens, vocabulary %lld\n",
+                    megatron_data(o.data_path) ? "Megatron indexed datasets" : "text file (bytes)",
+                    static_cast<long long>(data->train_samples()), static_cast<long long>(data->val_samples()),
+                    static_cast<long long>(data->seq_length()), static_cast<long long>(o.model.vocab_size));
         if (o.print_schedule) std::printf("%s", dsp::pp::to_table(trainer.engine().schedule()).c_str());
         if (trainer.iteration() > 0)
           std::printf("dsp-train: resuming from iteration %lld of %s\n", static_cast<long long>(trainer.iteration()),
@@ -406,7 +456,7 @@ void train(Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"dsp-train: tensor-, pipeline-, data- and expert-parallel training of a dense or MoE decoder on byte-level text"};
+  CLI::App app{"dsp-train: tensor-, pipeline-, data- and expert-parallel training of a dense or MoE decoder on a text file or Megatron indexed datasets"};
   Options o;
   add_flags(app, o);
   return samples::run_main(app, argc, argv, [&] {
@@ -430,6 +480,16 @@ int main(int argc, char** argv) {
                                "--loss-scale-growth-factor", "--loss-scale-backoff-factor"})
         DSP_CHECK_AS(dsp::ConfigError, app.count(flag) == 0, flag,
                      " needs --initial-loss-scale or --fp16 (dynamic loss scaling is on only with them)");
+    }
+    // the tokenizer of the data: its EOD for the document masks, its vocabulary the model's
+    // default with Megatron datasets (bytes: 257 with the EOD)
+    const dsp::data::Tokenizer tokenizer(o.tokenizer_type, o.tokenizer_model);
+    if (o.train.eod_mask_loss || o.train.reset_position_ids || o.train.reset_attention_mask)
+      o.train.eod_token = tokenizer.eod();
+    if (megatron_data(o.data_path) || app.count("--tokenizer-type") > 0 || app.count("--tokenizer-model") > 0) {
+      if (app.count("--vocab-size") == 0) o.model.vocab_size = tokenizer.vocab_size();
+      DSP_CHECK_AS(dsp::ConfigError, o.model.vocab_size >= tokenizer.vocab_size(), "--vocab-size ", o.model.vocab_size,
+                   " is below the tokenizer's ", tokenizer.vocab_size(), " ids");
     }
     o.train.recompute = o.recompute_flags.config();
     o.train.moe.drop_policy = o.token_drop_policy == "position" ? dsp::ep::DropPolicy::Position : dsp::ep::DropPolicy::Probability;

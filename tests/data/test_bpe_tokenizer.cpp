@@ -63,6 +63,7 @@ TEST_CASE("BpeTokenizer: the whole corpus encodes to the ids of `tokenizers` and
   const auto meta = read_json(fixture_dir() + "/cases.json");
   CHECK(tok.vocab_size() == meta["vocab_size"].get<int>());
   CHECK(tok.token_id("<|endoftext|>") == 0);
+  CHECK(tok.eod() == 0);
   const auto text = corpus();
   const auto expected = read_corpus_ids();
   REQUIRE(expected.size() == meta["corpus_tokens"].get<std::size_t>());
@@ -105,9 +106,11 @@ TEST_CASE("BpeTokenizer: special cases (added tokens, spaces, digits, non-ASCII)
   CHECK(plain.find_token("Ġthe").has_value());
 }
 
-TEST_CASE("ByteTokenizer: one id per byte, round trip") {
+TEST_CASE("ByteTokenizer: one id per byte and the EOD 256, round trip") {
   const ByteTokenizer tok;
-  CHECK(tok.vocab_size() == 256);
+  CHECK(tok.vocab_size() == 257);
+  CHECK(tok.eod() == 256);
+  CHECK(tok.decode({'a', 256, 'b'}) == "ab");
   std::string all;
   for (int b = 0; b < 256; ++b) all.push_back(static_cast<char>(b));
   const auto ids = tok.encode(all);
@@ -118,7 +121,8 @@ TEST_CASE("ByteTokenizer: one id per byte, round trip") {
   CHECK(tok.decode(tok.encode(text)) == text);
   CHECK(tok.token_id("\n") == 10);
   CHECK_THROWS_AS((void)tok.token_id("ab"), dsp::InputError);
-  CHECK_THROWS_AS((void)tok.decode({256}), dsp::InputError);
+  CHECK_THROWS_AS((void)tok.decode({257}), dsp::InputError);
+  CHECK_THROWS_AS((void)tok.decode({-1}), dsp::InputError);
 }
 
 void check_error_names(const std::filesystem::path& path, const std::string& what) {

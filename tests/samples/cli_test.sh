@@ -33,45 +33,13 @@ bin=$1
 data=$2
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-passed=0
-failed=0
-ok() { passed=$((passed + 1)); }
-fail() { failed=$((failed + 1)); echo "FAILED: $*"; }
+source "$(dirname "$0")/lib.sh"
 
 model=(--data-path "$data" --num-layers 2 --hidden-size 32 --num-attention-heads 4 --num-query-groups 2
        --ffn-hidden-size 64 --seq-length 64 --micro-batch-size 2 --global-batch-size 4 --lr 3e-3 --train-iters 6)
 
-# expect_fail NAME EXPECTED_TEXT FORBIDDEN_PATH -- command...
-expect_fail() {
-  local name=$1 text=$2 forbidden=$3
-  shift 4
-  "$@" >"$work/out" 2>"$work/err"
-  local rc=$?
-  if [ "$rc" -eq 0 ]; then fail "$name: exit code 0"; return; fi
-  if ! grep -qF -- "$text" "$work/err"; then fail "$name: stderr lacks '$text': $(cat "$work/err")"; return; fi
-  if [ -n "$forbidden" ] && [ -e "$forbidden" ]; then fail "$name: partial output $forbidden"; return; fi
-  ok
-}
-
 # dsp-generate's output without its timing lines ('--- N tokens (...) in S s: ...')
 text_of() { grep -av '^--- ' "$1"; }
-
-# step and loss of every line of a metrics file, as "step loss"
-losses() { sed -E 's/.*"loss":([^,}]*).*"step":([0-9]+).*/\2 \1/' "$1"; }
-
-# same_losses NAME EXPECTED.jsonl ACTUAL.jsonl: the same 6 steps, losses within 1e-5 relative
-same_losses() {
-  local name=$1 want=$2 got=$3 worst
-  if [ "$(losses "$want" | wc -l)" -ne 6 ] || [ "$(losses "$got" 2>/dev/null | wc -l)" -ne 6 ]; then
-    fail "$name: expected 6 losses in $want and $got"; return
-  fi
-  worst=$(paste -d' ' <(losses "$want") <(losses "$got") | awk '
-    $1 != $3 { print "step mismatch"; exit }
-    { d = $2 - $4; if (d < 0) d = -d; m = $2 < 0 ? -$2 : $2; r = d / m; if (r > worst) worst = r }
-    END { if (worst == "") worst = 0; print worst }')
-  awk -v w="$worst" 'BEGIN { exit !(w != "step mismatch" && w <= 1e-5) }' && ok \
-    || fail "$name: losses differ from $(basename "$want") (max relative difference $worst)"
-}
 
 # --- resume in a new process equals the uninterrupted run --------------------------------
 "$bin/dsp-train" --world-size 2 --tensor-model-parallel-size 2 "${model[@]}" --metrics-file "$work/full.jsonl" \
@@ -189,12 +157,6 @@ diff <(losses "$work/dp_off.jsonl") <(losses "$work/dp_on.jsonl") >/dev/null && 
   || fail "DP2 run with --grad-reduce-dtype bf16"
 
 # --- ZeRO: stages 1-3 give stage 0's losses exactly; stage 3 / DP4 resumes at stage 0 / DP2 --
-# exact_losses NAME EXPECTED.jsonl ACTUAL.jsonl: the same 6 steps and losses, digit for digit
-exact_losses() {
-  local name=$1 want=$2 got=$3
-  if [ "$(losses "$want" | wc -l)" -eq 6 ] && diff <(losses "$want") <(losses "$got" 2>/dev/null) >/dev/null; then ok
-  else fail "$name: losses differ from $(basename "$want"): $(diff <(losses "$want") <(losses "$got" 2>/dev/null))"; fi
-}
 zero=("${model[@]}" --micro-batch-size 1 --peak-flops 1e10)  # DP4: 4 sequences = 1 x DP4
 "$bin/dsp-train" --world-size 4 "${zero[@]}" --metrics-file "$work/zero0.jsonl" >/dev/null || fail "DP4 run, ZeRO 0"
 for stage in 1 2 3; do

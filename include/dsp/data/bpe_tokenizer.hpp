@@ -254,6 +254,15 @@ class BpeTokenizer {
     return *id;
   }
 
+  /// The end-of-document id: the token "<|endoftext|>" (GPT-2's EOD, the one Megatron's GPT-2
+  /// tokenizers append with --append-eod). Throws InputError naming the file when it has none.
+  std::int32_t eod() const {
+    const auto id = find_token("<|endoftext|>");
+    DSP_CHECK_AS(InputError, id.has_value(), "tokenizer '", source_,
+                 "' has no end-of-document token '<|endoftext|>' (needed by --append-eod and the document masks)");
+    return *id;
+  }
+
  private:
   struct AddedToken {
     std::string content;

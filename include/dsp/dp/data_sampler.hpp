@@ -6,7 +6,9 @@
 // global_batch_size windows of the permutation; a global batch never straddles two epochs
 // (the remainder is dropped), so within an epoch no window is read twice and every DP rank
 // gets the same number of micro-batches: micro-batch m of DP rank r holds windows
-// [(m * dp + r) * micro, (m * dp + r + 1) * micro) of the global batch.
+// [(m * dp + r) * micro, (m * dp + r + 1) * micro) of the global batch. Without shuffling (a
+// source whose samples are in training order already, as Megatron's GPT samples) the
+// "permutation" is 0, 1, 2, ...: Megatron's MegatronPretrainingSampler.
 #include <cstdint>
 #include <numeric>
 #include <vector>
@@ -38,11 +40,12 @@ class DataSampler {
 
   /// num_windows: windows in the data set. Throws ConfigError, naming the numbers, when a batch
   /// size or dp_size is not positive, dp_rank is outside [0, dp_size), global_batch is not
-  /// micro_batch x dp x k, or the data holds fewer windows than one global batch.
+  /// micro_batch x dp x k, or the data holds fewer windows than one global batch. shuffle false:
+  /// every epoch reads the windows in order.
   DataSampler(std::int64_t num_windows, std::int64_t micro_batch, std::int64_t global_batch, int dp_size, int dp_rank,
-              std::uint64_t seed)
+              std::uint64_t seed, bool shuffle = true)
       : num_windows_(num_windows), micro_(micro_batch), global_(global_batch), dp_size_(dp_size), dp_rank_(dp_rank),
-        seed_(seed) {
+        seed_(seed), shuffle_(shuffle) {
     DSP_CHECK_AS(ConfigError, micro_batch >= 1, "micro batch size must be >= 1, got ", micro_batch);
     DSP_CHECK_AS(ConfigError, global_batch >= 1, "global batch size must be >= 1, got ", global_batch);
     DSP_CHECK_AS(ConfigError, dp_size >= 1 && dp_rank >= 0 && dp_rank < dp_size, "data-parallel rank ", dp_rank,
@@ -80,10 +83,11 @@ class DataSampler {
   }
 
  private:
-  // Fisher-Yates shuffle driven by CounterRng(seed, "data.epoch.<e>").
+  // Fisher-Yates shuffle driven by CounterRng(seed, "data.epoch.<e>") (none without shuffle_).
   void permute() {
     perm_.resize(static_cast<std::size_t>(num_windows_));
     std::iota(perm_.begin(), perm_.end(), std::int64_t{0});
+    if (!shuffle_) return;
     const CounterRng rng(seed_, "data.epoch." + std::to_string(state_.epoch));
     for (std::int64_t i = num_windows_ - 1; i > 0; --i) {
       const auto j = static_cast<std::int64_t>(rng.uniform(static_cast<std::uint64_t>(i)) * static_cast<double>(i + 1));
@@ -94,6 +98,7 @@ class DataSampler {
   std::int64_t num_windows_, micro_, global_;
   int dp_size_, dp_rank_;
   std::uint64_t seed_;
+  bool shuffle_;
   std::int64_t accumulation_ = 1;
   State state_;
   std::vector<std::int64_t> perm_;

@@ -1,18 +1,21 @@
 #pragma once
 // TokenDataset: a text file read as bytes, one token per byte (vocabulary 256), split into
-// training and validation parts (the last `validation_fraction` of the bytes is held out).
+// training and validation parts (the last `validation_fraction` of the bytes is held out),
+// each cut into non-overlapping windows of seq_length + 1 tokens (the samples).
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "dsp/core/error.hpp"
+#include "dsp/data/sample_source.hpp"
 
 namespace dsp::train {
 
-class TokenDataset {
+class TokenDataset final : public data::SampleSource {
  public:
   /// Reads `path`. Throws InputError naming the file when it is a directory, missing,
   /// unreadable or too short to hold one sequence in each split.
@@ -36,12 +39,14 @@ class TokenDataset {
   }
 
   /// Non-overlapping windows of seq_length + 1 tokens in a split.
-  std::int64_t train_windows() const { return windows(train_); }
-  std::int64_t val_windows() const { return windows(val_); }
+  std::int64_t train_samples() const override { return windows(train_); }
+  std::int64_t val_samples() const override { return windows(val_); }
+  /// No: the sampler draws a permutation of the windows per epoch.
+  bool in_training_order() const override { return false; }
 
   /// Inputs and targets ([windows.size() * seq] each) of the given windows of a split.
-  void batch(bool validation, const std::vector<std::int64_t>& windows, std::vector<std::int32_t>& inputs,
-             std::vector<std::int32_t>& targets) const {
+  void batch(bool validation, std::span<const std::int64_t> windows, std::vector<std::int32_t>& inputs,
+             std::vector<std::int32_t>& targets) const override {
     const auto& src = validation ? val_ : train_;
     inputs.clear();
     targets.clear();
@@ -52,7 +57,7 @@ class TokenDataset {
     }
   }
 
-  std::int64_t seq_length() const { return seq_length_; }
+  std::int64_t seq_length() const override { return seq_length_; }
   std::int64_t train_tokens() const { return static_cast<std::int64_t>(train_.size()); }
   std::int64_t val_tokens() const { return static_cast<std::int64_t>(val_.size()); }
 

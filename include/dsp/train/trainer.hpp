@@ -52,6 +52,7 @@
 #include "dsp/pp/pipeline_config.hpp"
 #include "dsp/pp/pipeline_stage.hpp"
 #include "dsp/precision/loss_scaler.hpp"
+#include "dsp/data/sample_source.hpp"
 #include "dsp/train/token_dataset.hpp"
 #include "dsp/zero/lr_schedule.hpp"
 #include "dsp/zero/zero_optimizer.hpp"
@@ -249,13 +250,13 @@ class Trainer {
   /// (TrainConfig::validate, checked first), the model does not split over TP or the pipeline,
   /// the batch sizes do not divide, or the schedule does not fit them (e.g. interleaved with
   /// micro-batches not a multiple of the pipeline size).
-  Trainer(const model::ModelConfig& config, const TrainConfig& tc, DeviceMesh<Comm>& mesh, const TokenDataset& data)
+  Trainer(const model::ModelConfig& config, const TrainConfig& tc, DeviceMesh<Comm>& mesh, const data::SampleSource& data)
       : tc_((tc.validate(), tc)),
         mesh_(&mesh),
         data_(&data),
         stages_(make_stages(config, tc, mesh)),
-        sampler_(data.train_windows(), tc.micro_batch_size, tc.global_batch_size, mesh.dp_size(), mesh.dp_rank(),
-                 tc.seed),
+        sampler_(data.train_samples(), tc.micro_batch_size, tc.global_batch_size, mesh.dp_size(), mesh.dp_rank(),
+                 tc.seed, !data.in_training_order()),
         engine_(mesh.pipeline_group(),
                 pp::make_schedule(tc.pipeline.schedule_name(), mesh.pp_size(),
                                   tc.pipeline.virtual_size(config.num_layers, mesh.pp_size()),
@@ -270,8 +271,8 @@ class Trainer {
         schedule_{tc.lr, tc.min_lr, tc.lr_warmup_iters, tc.lr_decay_iters > 0 ? tc.lr_decay_iters : tc.train_iters} {
     DSP_CHECK_AS(ConfigError, data.seq_length() == config.seq_length, "data windows of ", data.seq_length(),
                  " tokens do not match --seq-length ", config.seq_length);
-    DSP_CHECK_AS(ConfigError, data.val_windows() >= tc.global_batch_size, "the validation split holds ",
-                 data.val_windows(), " sequences, fewer than one global batch of ", tc.global_batch_size);
+    DSP_CHECK_AS(ConfigError, data.val_samples() >= tc.global_batch_size, "the validation split holds ",
+                 data.val_samples(), " sequences, fewer than one global batch of ", tc.global_batch_size);
     if (config.tie_word_embeddings && engine_.schedule().num_stages() > 1) {  // first and last stage of each (tp, dp)
       const int p = mesh.pp_size(), r = mesh.pp_rank();
       embedding_group_ = std::make_unique<Comm>(mesh.pipeline_group().split(r == 0 || r == p - 1 ? 0 : 1, r));
@@ -446,7 +447,7 @@ class Trainer {
   double evaluate() {
     backend::MatmulPrecisionScope matmuls(matmul_precision);
     const std::int64_t seq = data_->seq_length(), per_rank = tc_.global_batch_size / mesh_->dp_size();
-    const std::int64_t batches = std::min(tc_.eval_iters, data_->val_windows() / tc_.global_batch_size);
+    const std::int64_t batches = std::min(tc_.eval_iters, data_->val_samples() / tc_.global_batch_size);
     std::vector<double> sums{0.0, 0.0};  // loss sum (last stage), tokens
     std::vector<std::int32_t> inputs, targets;
     const auto plain = [&] {
@@ -685,7 +686,7 @@ class Trainer {
 
   TrainConfig tc_;
   DeviceMesh<Comm>* mesh_;
-  const TokenDataset* data_;
+  const data::SampleSource* data_;
   std::vector<std::unique_ptr<Stage>> stages_;
   dp::DataSampler sampler_;
   pp::Engine<Comm> engine_;
