@@ -1,9 +1,12 @@
 // DataSampler: every DP rank gets the same number of micro-batches, no window twice in an
-// epoch, the global batch is the same for every DP size, and the state resumes exactly.
+// epoch, the global batch is the same for every DP size, the state resumes exactly, and
+// without shuffling the windows come in order.
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <set>
+#include <vector>
 
 #include "dsp/dp/data_sampler.hpp"
 
@@ -54,6 +57,22 @@ TEST_CASE("restoring the state continues the same sequence") {
   for (int i = 0; i < 13; ++i) a.next_global_batch();  // crosses an epoch boundary (10 per epoch)
   b.set_state(a.state());
   for (int i = 0; i < 5; ++i) CHECK(a.next_global_batch() == b.next_global_batch());
+}
+
+TEST_CASE("without shuffling the windows are read in order, as Megatron's sampler reads them") {
+  // 26 windows, global batch 8 = micro 2 x DP 2 x 2 steps: epochs of 3 batches (2 windows dropped)
+  for (int r = 0; r < 2; ++r) {
+    DataSampler s(26, 2, 8, 2, r, 99, /*shuffle=*/false);
+    for (std::int64_t epoch = 0; epoch < 2; ++epoch)
+      for (std::int64_t b = 0; b < 3; ++b) {
+        const auto mbs = s.next_global_batch();
+        REQUIRE(mbs.size() == 2);
+        for (std::int64_t m = 0; m < 2; ++m) {  // Megatron: rank r takes [r * micro, (r + 1) * micro) of each chunk
+          const std::int64_t first = b * 8 + (m * 2 + r) * 2;
+          CHECK(mbs[static_cast<std::size_t>(m)] == std::vector<std::int64_t>{first, first + 1});
+        }
+      }
+  }
 }
 
 }  // namespace dp_data_sampler_test
