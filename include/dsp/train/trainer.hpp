@@ -269,7 +269,7 @@ class Trainer {
         optimizer_(parameters(), {&buckets_, &expert_buckets_}, tc.adam, mesh.tp_size(), mesh.tp_rank(),
                    tc.offload_ratio),
         schedule_{tc.lr, tc.min_lr, tc.lr_warmup_iters, tc.lr_decay_iters > 0 ? tc.lr_decay_iters : tc.train_iters} {
-    DSP_CHECK_AS(ConfigError, data.seq_length() == config.seq_length, "data windows of ", data.seq_length(),
+    DSP_CHECK_AS(ConfigError, data.seq_length() == config.seq_length, "data samples of ", data.seq_length(),
                  " tokens do not match --seq-length ", config.seq_length);
     DSP_CHECK_AS(ConfigError, data.val_samples() >= tc.global_batch_size, "the validation split holds ",
                  data.val_samples(), " sequences, fewer than one global batch of ", tc.global_batch_size);
