@@ -157,12 +157,15 @@ void add_flags(CLI::App& app, Options& o) {
                "on SIGTERM or SIGINT finish the step, save to --save and exit 0 (a second signal exits at once)");
   samples::path_option(app.add_option("--load", o.load, "checkpoint to resume from: a folder of iter_* checkpoints (its latest_checkpointed_iteration.txt) or one checkpoint"));
   app.add_option("--ckpt-step", o.ckpt_step, "load this iteration of --load instead of the tracker's")->check(samples::at_least(0));
-  samples::path_option(app.add_option("--data-path", o.data_path,
+  // the last --data-path given wins (a config file's, then the command line's), as in Megatron
+  samples::path_option(app.add_option_function<std::vector<std::string>>(
+                           "--data-path", [&o](const std::vector<std::string>& words) { o.data_path = words; },
                                       "a text file (bytes are tokens, the last 10% is validation), or Megatron indexed "
                                       "datasets: PREFIX (PREFIX.bin + PREFIX.idx, from dsp-preprocess-data or Megatron's "
                                       "preprocess_data.py) or a blend WEIGHT PREFIX WEIGHT PREFIX ..."))
       ->required()
-      ->expected(1, -1);
+      ->expected(1, -1)
+      ->trigger_on_parse();
   app.add_option("--split", o.split, "train,valid,test weights over each dataset's sequences (Megatron datasets)");
   app.add_option("--tokenizer-type", o.tokenizer_type,
                  "tokenizer of the Megatron datasets (its EOD id and vocabulary): ByteTokenizer (bytes, EOD 256) or "

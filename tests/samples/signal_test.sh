@@ -75,12 +75,14 @@ fi
 # metrics hold no step past the tracker's and the attempt is repeated (at most 5 times).
 for attempt in 1 2 3 4 5; do
   rm -rf "$work/ckpt9" "$work/m9.jsonl"
+  ranks=""
   "${launch[@]}" --save "$work/ckpt9" --save-interval 5 --metrics-file "$work/m9.jsonl" >/dev/null 2>&1 &
   pid=$!
   for _ in $(seq 6000); do
     l=$(cat "$work/m9.jsonl" 2>/dev/null | wc -l)
     if [ "$l" -ge 13 ] && [ $((l % 5)) -ne 0 ]; then
-      if [ ${#mpi[@]} -gt 0 ]; then kill -STOP $(pgrep -P "$pid"); else kill -STOP "$pid"; fi
+      ranks=$(if [ ${#mpi[@]} -gt 0 ]; then pgrep -P "$pid"; else echo "$pid"; fi)
+      kill -STOP $ranks
       break
     fi
     kill -0 "$pid" 2>/dev/null || break
@@ -90,7 +92,10 @@ for attempt in 1 2 3 4 5; do
   lines=$(wc -l <"$work/m9.jsonl")
   kill -9 "$(target "$pid")"
   wait "$pid" 2>/dev/null
-  [ ${#mpi[@]} -gt 0 ] && { pkill -9 -P "$pid" 2>/dev/null; sleep 1; }
+  # every rank, by the pids taken at the freeze: once mpiexec has exited they are no longer its
+  # children, and a stopped rank that mpiexec's SIGCONT + SIGTERM later wakes would save and
+  # write metrics beside the resumed run
+  [ ${#mpi[@]} -gt 0 ] && { kill -9 $ranks 2>/dev/null; sleep 1; }
   [ -n "$n" ] && [ "$lines" -gt "$n" ] && break
   echo "kill -9 attempt $attempt: frozen at step $lines with the tracker at '$n': again"
 done
