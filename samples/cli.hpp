@@ -2,7 +2,6 @@
 // Shared command-line plumbing of the samples: error reporting, --config JSON files and the
 // policy the samples run with.
 #include <algorithm>
-#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -183,10 +182,9 @@ inline Arguments with_config_file(int argc, char** argv, const CLI::App& app) {
     // A relative path in the file is relative to the file's folder (a flag whose type name is
     // PATH: see path_option).
     const bool is_path = option->get_type_name() == "PATH";
-    const auto text = [&](const nlohmann::json& v) {
+    const auto text = [&](const nlohmann::json& v, bool path) {
       std::string s = v.is_string() ? v.get<std::string>() : v.dump();
-      if (is_path && v.is_string() && !s.empty() && std::filesystem::path(s).is_relative() && !folder.empty() &&
-          !std::isdigit(static_cast<unsigned char>(s[0])))  // not a blend weight ("0.3 A 0.7 B")
+      if (path && v.is_string() && !s.empty() && std::filesystem::path(s).is_relative() && !folder.empty())
         s = (folder / s).string();
       return s;
     };
@@ -194,10 +192,12 @@ inline Arguments with_config_file(int argc, char** argv, const CLI::App& app) {
       if (value.get<bool>()) from_file.push_back(flag);
     } else if (value.is_array()) {  // a flag of several values: "data-path": [0.3, "a", 0.7, "b"]
       from_file.push_back(flag);
-      for (const auto& v : value) from_file.push_back(text(v));
+      // pairs of a PATH flag are WEIGHT PATH (a blend): the weights, at even places, are no paths
+      const bool pairs = value.size() >= 2 && value.size() % 2 == 0;
+      for (std::size_t k = 0; k < value.size(); ++k) from_file.push_back(text(value[k], is_path && !(pairs && k % 2 == 0)));
     } else {
       from_file.push_back(flag);
-      from_file.push_back(text(value));
+      from_file.push_back(text(value, is_path));
     }
   }
   args.insert(args.begin(), from_file.begin(), from_file.end());

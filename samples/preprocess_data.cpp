@@ -41,7 +41,8 @@ struct Options {
 // not a JSON object or lacks a key, or whose value is not a string.
 std::vector<std::string> texts_of(const std::string& line, std::int64_t number, const Options& o) {
   const nlohmann::json doc = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-  DSP_CHECK_AS(dsp::InputError, doc.is_object(), o.input, ":", number, ": not a JSON object");
+  DSP_CHECK_AS(dsp::InputError, doc.is_object(), o.input, ":", number,
+               ": not a JSON object (or not valid JSON in UTF-8)");
   std::vector<std::string> out;
   for (const auto& key : o.json_keys) {
     const auto it = doc.find(key);
@@ -53,13 +54,21 @@ std::vector<std::string> texts_of(const std::string& line, std::int64_t number, 
 }
 
 void preprocess(const Options& o) {
+  for (std::size_t k = 0; k < o.json_keys.size(); ++k)
+    for (std::size_t j = 0; j < k; ++j)
+      DSP_CHECK_AS(dsp::ConfigError, o.json_keys[j] != o.json_keys[k], "--json-keys names '", o.json_keys[k],
+                   "' twice (each key writes its own dataset)");
   const dsp::data::Tokenizer tokenizer(o.tokenizer_type, o.tokenizer_model);
   const std::int32_t eod = o.append_eod ? tokenizer.eod() : -1;
   const auto dtype = tokenizer.vocab_size() < 65500 ? dsp::data::TokenDType::uint16 : dsp::data::TokenDType::int32;
   std::ifstream in(o.input, std::ios::binary);
   DSP_CHECK_AS(dsp::InputError, in.good(), "--input '", o.input, "' cannot be opened (missing?)");
-  if (const auto dir = std::filesystem::path(o.output_prefix).parent_path(); !dir.empty())
-    std::filesystem::create_directories(dir);  // as --metrics-file and --save create theirs
+  if (const auto dir = std::filesystem::path(o.output_prefix).parent_path(); !dir.empty()) {
+    std::error_code ec;  // created as --metrics-file and --save create theirs
+    std::filesystem::create_directories(dir, ec);
+    DSP_CHECK_AS(dsp::InputError, !ec, "--output-prefix '", o.output_prefix, "': its folder cannot be created (",
+                 ec.message(), ")");
+  }
   std::vector<std::unique_ptr<dsp::data::IndexedDatasetBuilder>> builders;
   std::vector<std::string> prefixes;
   for (const auto& key : o.json_keys) {
@@ -84,20 +93,21 @@ void preprocess(const Options& o) {
       bytes += static_cast<std::int64_t>(lines.back().size());
     }
     ids.assign(lines.size(), {});
-    std::vector<std::exception_ptr> errors(static_cast<std::size_t>(o.workers));
+    std::vector<std::exception_ptr> errors(lines.size());  // per line: the first in the file is reported
     std::vector<std::thread> threads;
     for (int w = 0; w < o.workers; ++w)
       threads.emplace_back([&, w] {
-        try {
-          for (std::size_t i = static_cast<std::size_t>(w); i < lines.size(); i += static_cast<std::size_t>(o.workers)) {
+        for (std::size_t i = static_cast<std::size_t>(w); i < lines.size(); i += static_cast<std::size_t>(o.workers)) {
+          try {
             for (auto& text : texts_of(lines[i], numbers[i], o)) {
               auto seq = tokenizer.encode(text);
               if (!seq.empty() && eod >= 0) seq.push_back(eod);
               ids[i].push_back(std::move(seq));
             }
+          } catch (...) {
+            errors[i] = std::current_exception();
+            return;  // a later line of this worker cannot come before this one
           }
-        } catch (...) {
-          errors[static_cast<std::size_t>(w)] = std::current_exception();
         }
       });
     for (auto& t : threads) t.join();

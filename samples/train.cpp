@@ -287,11 +287,27 @@ bool megatron_data(const std::vector<std::string>& words) {
 /// training and --eval-iters x --global-batch-size validation samples (what Megatron asks).
 std::unique_ptr<const dsp::data::SampleSource> open_data(const Options& o) {
   const auto& words = o.data_path;
-  if (!megatron_data(words)) return std::make_unique<dsp::train::TokenDataset>(dsp::train::TokenDataset::from_file(words[0], o.model.seq_length));
+  for (const auto& w : words)
+    for (const std::string ext : {".bin", ".idx"})
+      if (w.ends_with(ext) && std::filesystem::exists(w.substr(0, w.size() - 4) + (ext == ".bin" ? ".idx" : ".bin")))
+        DSP_CHECK_AS(dsp::ConfigError, false, "--data-path '", w, "' names a file of an indexed dataset: give its prefix '",
+                     w.substr(0, w.size() - 4), "'");
+  if (!megatron_data(words)) {
+    DSP_CHECK_AS(dsp::ConfigError, o.tokenizer_type == "ByteTokenizer" && o.tokenizer_model.empty(),
+                 "--tokenizer-type / --tokenizer-model apply to Megatron datasets; the text file '", words[0],
+                 "' is read as bytes (tokenize it with dsp-preprocess-data first)");
+    DSP_CHECK_AS(dsp::ConfigError, !o.train.documents().any(),
+                 "--eod-mask-loss, --reset-position-ids and --reset-attention-mask need documents ended by an EOD "
+                 "token: the text file '", words[0], "' has none (write a dataset with dsp-preprocess-data --append-eod)");
+    return std::make_unique<dsp::train::TokenDataset>(dsp::train::TokenDataset::from_file(words[0], o.model.seq_length));
+  }
   dsp::data::GptDataConfig c;
   c.blend = dsp::data::parse_data_path(words);
   c.split = o.split;
   c.seq_length = o.model.seq_length;
+  // numpy's RandomState (Megatron's shuffles) takes seeds below 2^32 only
+  DSP_CHECK_AS(dsp::ConfigError, o.train.seed <= 0xFFFFFFFFull, "--seed ", o.train.seed,
+               " is over 2^32 - 1, the largest seed Megatron's dataset shuffles take");
   c.seed = static_cast<std::uint32_t>(o.train.seed);
   c.train_samples = o.train.train_iters * o.train.global_batch_size;
   c.valid_samples = o.train.eval_iters * o.train.global_batch_size;

@@ -9,6 +9,7 @@
 #  - a blend "0.3 A 0.7 B" with --eod-mask-loss --reset-position-ids --reset-attention-mask
 #    trains at TP2 x DP2 with the world-1 losses (1e-5 relative), and a run stopped at step 3
 #    resumes with exactly the uninterrupted losses;
+#  - a blend in a --config file resolves its prefixes against the file's folder;
 #  - a raw text file still trains as before; bad input: a clear message and a non-zero exit.
 # Usage: data_test.sh BIN_DIR REPO_DIR
 set -uo pipefail
@@ -76,6 +77,16 @@ same_losses "blend with document masks at TP2 x DP2" "$work/blend1.jsonl" "$work
   || fail "blend, resumed half"
 exact_losses "blend stopped at step 3 and resumed" "$work/blend1.jsonl" "$work/part.jsonl"
 
+# a blend in a --config file: its relative prefixes resolve against the file's folder (a folder
+# named like a number included); the weights stay numbers
+mkdir -p "$work/cfg/2024"
+cp "$fixtures/megatron_shakespeare".* "$work/cfg/2024/"
+cp "$fixtures/megatron_shakespeare".* "$work/cfg/"
+printf '{"data-path": [0.3, "megatron_shakespeare", 0.7, "2024/megatron_shakespeare"], "split": "8,1,1"}\n' \
+  > "$work/cfg/c.json"
+(cd "$work" && "$bin/dsp-train" --config cfg/c.json "${model[@]}" --train-iters 2 > "$work/cfg.out" 2>&1) \
+  && grep -q "Megatron indexed datasets" "$work/cfg.out" && ok || fail "blend in a config file: $(cat "$work/cfg.out")"
+
 # a raw text file still trains (bytes, vocabulary 256)
 "$bin/dsp-train" --data-path "$corpus" "${model[@]}" --train-iters 2 > "$work/text.out" \
   && grep -q "text file (bytes), .* vocabulary 256" "$work/text.out" && ok || fail "raw text: $(cat "$work/text.out")"
@@ -91,6 +102,17 @@ expect_fail "--vocab-size below the tokenizer's" "--vocab-size 256 is below the 
   "$bin/dsp-train" --data-path "$fixtures/megatron_shakespeare" --vocab-size 256 "${model[@]}"
 expect_fail "BPE without its file" "needs --tokenizer-model" "" -- \
   "$bin/dsp-preprocess-data" --input "$work/corpus.jsonl" --output-prefix "$work/x" --tokenizer-type HuggingFaceTokenizer
+expect_fail "a dataset's .bin as --data-path" "give its prefix '$fixtures/megatron_shakespeare'" "" -- \
+  "$bin/dsp-train" --data-path "$fixtures/megatron_shakespeare.bin" "${model[@]}"
+expect_fail "document masks on a text file" "the text file '$corpus' has none" "" -- \
+  "$bin/dsp-train" --data-path "$corpus" --reset-attention-mask "${model[@]}"
+expect_fail "a tokenizer with a text file" "apply to Megatron datasets" "" -- \
+  "$bin/dsp-train" --data-path "$corpus" --tokenizer-type HuggingFaceTokenizer \
+  --tokenizer-model "$fixtures/shakespeare_bpe/tokenizer.json" "${model[@]}"
+expect_fail "a seed numpy refuses" "is over 2^32 - 1" "" -- \
+  "$bin/dsp-train" --data-path "$fixtures/megatron_shakespeare" --seed 4294967296 "${model[@]}"
+expect_fail "a key twice" "--json-keys names 'text' twice" "" -- \
+  "$bin/dsp-preprocess-data" --input "$work/corpus.jsonl" --json-keys text text --output-prefix "$work/twice"
 printf '{"text": "a"}\n\n{"title": "b"}\n' > "$work/bad.jsonl"
 expect_fail "a line without the key" "bad.jsonl:3: no key \"text\"" "$work/bad_text_document.bin" -- \
   "$bin/dsp-preprocess-data" --input "$work/bad.jsonl" --output-prefix "$work/bad"
