@@ -61,6 +61,7 @@ struct Options {
   dsp::train::TrainConfig train;
   std::int64_t eval_interval = 0, save_interval = 0, exit_interval = 0, log_interval = 10;
   std::vector<std::string> data_path;  // --data-path: a text file, PREFIX, or WEIGHT PREFIX pairs
+  bool megatron_data = false;          // --data-path names Megatron indexed datasets (megatron_data())
   std::string split = "969,30,1";      // --split (Megatron datasets)
   std::string tokenizer_type = "ByteTokenizer", tokenizer_model;
   std::string save, load, metrics_file, grad_reduce_dtype = "fp32";
@@ -282,25 +283,31 @@ bool megatron_data(const std::vector<std::string>& words) {
   return words.size() > 1 || std::filesystem::exists(words.at(0) + ".idx") || std::filesystem::exists(words[0] + ".bin");
 }
 
+/// The --data-path rules that no part checks: a dataset's .bin or .idx is named by its prefix;
+/// the tokenizer and document-mask flags need Megatron datasets (a text file is read as bytes,
+/// without EOD tokens). Throws ConfigError.
+void check_data_flags(const Options& o) {
+  for (const auto& w : o.data_path)
+    for (const std::string ext : {".bin", ".idx"})
+      if (w.ends_with(ext) && std::filesystem::exists(w.substr(0, w.size() - 4) + (ext == ".bin" ? ".idx" : ".bin")))
+        DSP_CHECK_AS(dsp::ConfigError, false, "--data-path '", w, "' names a file of an indexed dataset: give its prefix '",
+                     w.substr(0, w.size() - 4), "'");
+  if (o.megatron_data) return;
+  DSP_CHECK_AS(dsp::ConfigError, o.tokenizer_type == "ByteTokenizer" && o.tokenizer_model.empty(),
+               "--tokenizer-type / --tokenizer-model apply to Megatron datasets; the text file '", o.data_path[0],
+               "' is read as bytes (tokenize it with dsp-preprocess-data first)");
+  DSP_CHECK_AS(dsp::ConfigError, !o.train.documents().any(),
+               "--eod-mask-loss, --reset-position-ids and --reset-attention-mask need documents ended by an EOD "
+               "token: the text file '", o.data_path[0], "' has none (write a dataset with dsp-preprocess-data --append-eod)");
+}
+
 /// The data of --data-path: a text file as bytes (as before Megatron datasets), else Megatron
 /// indexed datasets split by --split and blended, asked for --train-iters x --global-batch-size
 /// training and --eval-iters x --global-batch-size validation samples (what Megatron asks).
 std::unique_ptr<const dsp::data::SampleSource> open_data(const Options& o) {
   const auto& words = o.data_path;
-  for (const auto& w : words)
-    for (const std::string ext : {".bin", ".idx"})
-      if (w.ends_with(ext) && std::filesystem::exists(w.substr(0, w.size() - 4) + (ext == ".bin" ? ".idx" : ".bin")))
-        DSP_CHECK_AS(dsp::ConfigError, false, "--data-path '", w, "' names a file of an indexed dataset: give its prefix '",
-                     w.substr(0, w.size() - 4), "'");
-  if (!megatron_data(words)) {
-    DSP_CHECK_AS(dsp::ConfigError, o.tokenizer_type == "ByteTokenizer" && o.tokenizer_model.empty(),
-                 "--tokenizer-type / --tokenizer-model apply to Megatron datasets; the text file '", words[0],
-                 "' is read as bytes (tokenize it with dsp-preprocess-data first)");
-    DSP_CHECK_AS(dsp::ConfigError, !o.train.documents().any(),
-                 "--eod-mask-loss, --reset-position-ids and --reset-attention-mask need documents ended by an EOD "
-                 "token: the text file '", words[0], "' has none (write a dataset with dsp-preprocess-data --append-eod)");
+  if (!o.megatron_data)
     return std::make_unique<dsp::train::TokenDataset>(dsp::train::TokenDataset::from_file(words[0], o.model.seq_length));
-  }
   dsp::data::GptDataConfig c;
   c.blend = dsp::data::parse_data_path(words);
   c.split = o.split;
@@ -362,7 +369,7 @@ void train(Options& o) {
                     static_cast<long long>(trainer.sampler().accumulation_steps()),
                     static_cast<long long>(o.train.micro_batch_size), o.peak_flops / 1e9);
         std::printf("data: %s, %lld training and %lld validation samples of %lld tokens, vocabulary %lld\n",
-                    megatron_data(o.data_path) ? "Megatron indexed datasets" : "text file (bytes)",
+                    o.megatron_data ? "Megatron indexed datasets" : "text file (bytes)",
                     static_cast<long long>(data->train_samples()), static_cast<long long>(data->val_samples()),
                     static_cast<long long>(data->seq_length()), static_cast<long long>(o.model.vocab_size));
         if (o.print_schedule) std::printf("%s", dsp::pp::to_table(trainer.engine().schedule()).c_str());
@@ -502,10 +509,11 @@ int main(int argc, char** argv) {
     }
     // the tokenizer of the data: its EOD for the document masks, its vocabulary the model's
     // default with Megatron datasets (bytes: 257 with the EOD)
+    o.megatron_data = megatron_data(o.data_path);
+    check_data_flags(o);
     const dsp::data::Tokenizer tokenizer(o.tokenizer_type, o.tokenizer_model);
-    if (o.train.eod_mask_loss || o.train.reset_position_ids || o.train.reset_attention_mask)
-      o.train.eod_token = tokenizer.eod();
-    if (megatron_data(o.data_path) || app.count("--tokenizer-type") > 0 || app.count("--tokenizer-model") > 0) {
+    if (o.train.documents().any()) o.train.eod_token = tokenizer.eod();
+    if (o.megatron_data) {
       if (app.count("--vocab-size") == 0) o.model.vocab_size = tokenizer.vocab_size();
       DSP_CHECK_AS(dsp::ConfigError, o.model.vocab_size >= tokenizer.vocab_size(), "--vocab-size ", o.model.vocab_size,
                    " is below the tokenizer's ", tokenizer.vocab_size(), " ids");

@@ -71,17 +71,14 @@ class BlendedGptData final : public SampleSource {
   /// outside [0, vocab_size).
   void batch(bool validation, std::span<const std::int64_t> samples, std::vector<std::int32_t>& inputs,
              std::vector<std::int32_t>& targets) const override {
-    const Part& part = parts_[validation ? 1 : 0];
     const auto seq = static_cast<std::size_t>(config_.seq_length);
     inputs.clear();
     targets.clear();
     std::vector<std::int32_t> text;
     for (const std::int64_t i : samples) {
-      DSP_CHECK_AS(ConfigError, i >= 0 && i < part.size, validation ? "validation" : "training", " sample ", i,
-                   " out of range: ", part.size, " samples");
-      const auto [k, j] = part.blending ? (*part.blending)[static_cast<std::size_t>(i)] : std::pair<int, std::int64_t>{0, i};
+      const auto [k, j] = locate(validation, i);
       text.clear();
-      part.datasets[static_cast<std::size_t>(k)]->get(j, text);
+      parts_[validation ? 1 : 0].datasets[static_cast<std::size_t>(k)]->get(j, text);
       for (const std::int32_t t : text)
         DSP_CHECK_AS(InputError, t >= 0 && t < config_.vocab_size, "dataset '", indexed_[static_cast<std::size_t>(k)]->prefix(),
                      "' holds token id ", t, ", outside the vocabulary [0, ", config_.vocab_size,
@@ -93,11 +90,7 @@ class BlendedGptData final : public SampleSource {
 
   /// Which dataset of the blend (index into config().blend) training or validation sample i
   /// comes from. Throws ConfigError when i is out of range.
-  int dataset_of(bool validation, std::int64_t i) const {
-    const Part& part = parts_[validation ? 1 : 0];
-    DSP_CHECK_AS(ConfigError, i >= 0 && i < part.size, "sample ", i, " out of range: ", part.size, " samples");
-    return part.blending ? part.blending->dataset_index[static_cast<std::size_t>(i)] : 0;
-  }
+  int dataset_of(bool validation, std::int64_t i) const { return locate(validation, i).first; }
   /// The per-dataset GptDataset of a split (k indexes config().blend).
   const GptDataset& dataset(bool validation, std::size_t k) const { return *parts_[validation ? 1 : 0].datasets.at(k); }
   const GptDataConfig& config() const { return config_; }
@@ -108,6 +101,15 @@ class BlendedGptData final : public SampleSource {
     std::optional<BlendingIndices> blending;             // with several prefixes
     std::int64_t size = 0;
   };
+
+  // Sample i of a split as (dataset k of the blend, sample j of its GptDataset). Throws
+  // ConfigError when i is out of range.
+  std::pair<int, std::int64_t> locate(bool validation, std::int64_t i) const {
+    const Part& part = parts_[validation ? 1 : 0];
+    DSP_CHECK_AS(ConfigError, i >= 0 && i < part.size, validation ? "validation" : "training", " sample ", i,
+                 " out of range: ", part.size, " samples");
+    return part.blending ? (*part.blending)[static_cast<std::size_t>(i)] : std::pair<int, std::int64_t>{0, i};
+  }
 
   Part build(Split s, const std::array<double, 3>& split, std::int64_t wanted) const {
     const char* name = s == Split::train ? "training" : "validation";
