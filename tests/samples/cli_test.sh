@@ -104,7 +104,8 @@ done
   || fail "consistency against the recorded source: $(cat "$work/cc")"
 diff <(text_of "$work/gen1" | tail -n +2) <(text_of "$work/gen4" | tail -n +2) >/dev/null && ok || fail "TP1 and TP4 greedy generations differ"
 "$bin/dsp-reshard" --load "$work/ckpt" --save "$work/hf" --merge >/dev/null && [ -f "$work/hf/model.safetensors" ] \
-  && [ -f "$work/hf/config.json" ] && ok || fail "merge"
+  && [ -f "$work/hf/config.json" ] && [ -f "$work/hf/tokenizer.json" ] && [ -f "$work/hf/tokenizer_config.json" ] && ok \
+  || fail "merge (model, config and the byte-level tokenizer)"
 # training resumes from the TP4 and TP1 reshards (moments as whole shards in their partition files)
 # exactly as from their source: at TP4, and at TP1 x DP2 with ZeRO 3 (each rank reads its slice)
 for layout in "4 4 0 ckpt_tp4" "2 1 3 ckpt_tp1"; do
