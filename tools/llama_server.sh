@@ -10,7 +10,7 @@
 #       makes a venv with the Python packages of the bundled convert_hf_to_gguf.py (its own
 #       requirements file, less the PyTorch CPU index that only PyPI replaces: torch comes from
 #       PyPI). Idempotent: a step whose result exists is skipped.
-#   tools/llama_server.sh convert MERGED_DIR OUT.gguf
+#   tools/llama_server.sh convert MERGED_DIR OUT.gguf [extra converter args, e.g. --model-name NAME]
 #       Converts a merged dsp checkpoint (dsp-reshard --merge: model.safetensors, config.json and,
 #       for a byte model, tokenizer.json + tokenizer_config.json) to an fp32 GGUF with the bundled
 #       converter, run through tools/llama_convert.py (it lets the converter accept dsp's
@@ -111,14 +111,15 @@ case "$cmd" in
     make_venv
     ;;
   convert)
-    [ $# -eq 3 ] || usage
+    [ $# -ge 3 ] || usage
     need_built
     merged=$2 out=$3
+    shift 3
     [ -f "$merged/model.safetensors" ] && [ -f "$merged/config.json" ] \
       || { echo "llama_server.sh: $merged is not a merged checkpoint (dsp-reshard --merge)" >&2; exit 1; }
     [ -f "$merged/tokenizer.json" ] \
       || { echo "llama_server.sh: $merged has no tokenizer.json (a byte model merged by an older dsp-reshard?)" >&2; exit 1; }
-    "$venv/bin/python" "$tools/llama_convert.py" "$src" "$merged" --outtype f32 --outfile "$out"
+    "$venv/bin/python" "$tools/llama_convert.py" "$src" "$merged" --outtype f32 --outfile "$out" "$@"
     ;;
   serve)
     [ $# -ge 3 ] || usage
