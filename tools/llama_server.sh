@@ -8,8 +8,8 @@
 #       llama.cpp at a fixed commit) with pip, extracts vendor/llama.cpp, builds llama-server
 #       (CMake, Release, CPU only, native arch, static, -j2, no web UI download, no HTTPS), and
 #       makes a venv with the Python packages of the bundled convert_hf_to_gguf.py (its own
-#       requirements file, less the PyTorch CPU index that only PyPI replaces: torch comes from
-#       PyPI). Idempotent: a step whose result exists is skipped.
+#       requirements file, less its extra index of PyTorch's CPU wheels, which is not reached
+#       here: torch comes from PyPI). Idempotent: a step whose result exists is skipped.
 #   tools/llama_server.sh convert MERGED_DIR OUT.gguf [extra converter args, e.g. --model-name NAME]
 #       Converts a merged dsp checkpoint (dsp-reshard --merge: model.safetensors, config.json and,
 #       for a byte model, tokenizer.json + tokenizer_config.json) to an fp32 GGUF with the bundled
