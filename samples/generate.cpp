@@ -7,6 +7,11 @@
 //
 //   dsp-generate --load ckpt --tensor-model-parallel-size 4 --prompt "ROMEO:" --max-new-tokens 200
 //   dsp-generate --load ckpt --prompts-file prompts.txt --max-num-seqs 8 --enable-prefix-caching
+//   dsp-generate --load ckpt --prompt "ROMEO:" --temperature 0 --logprobs 5
+// With --logprobs N each request's text is followed by one line
+//   --- logprobs {"tokens":[id,...],"logprobs":[lp,...],"top":[[[id,lp],...],...]}
+// (each generated token, its log-probability and the N most likely tokens of its step, from
+// the raw logits), which tools/llama_compare.py reads.
 #include <chrono>
 #include <cstdio>
 #include <map>
@@ -28,6 +33,7 @@ struct Result {
   std::int64_t tokens = 0;
   double ttft_s = 0, e2e_s = 0;
   std::string finish;
+  std::vector<dsp::serve::TokenLogprobs> logprobs;
 };
 
 }  // namespace
@@ -53,6 +59,10 @@ int main(int argc, char** argv) {
   app.add_option("--stop", sampling.stop, "stop string (repeatable; \\n is a newline); not printed");
   app.add_option("--stop-token-ids", sampling.stop_token_ids, "token ids that end a request")->delimiter(',');
   app.add_option("--seed", sampling.seed, "sampling seed (prompt i draws from stream i)");
+  std::int64_t logprobs = -1;  // -1: none
+  app.add_option("--logprobs", logprobs,
+                 "print each generated token's log-probability and the top N of its step (raw logits) after the text")
+      ->check(samples::at_least(0));
   serving.add_to(app);
   return samples::run_main(app, argc, argv, [&] {
     load = dsp::checkpoint::resolve_checkpoint(load).string();  // a folder of iter_* checkpoints: its latest
@@ -61,6 +71,7 @@ int main(int argc, char** argv) {
     for (auto& text : prompts) text = samples::unescape_newlines(text);
     for (auto& s : sampling.stop) s = samples::unescape_newlines(s);
     sampling.max_tokens = max_new_tokens;
+    if (logprobs >= 0) sampling.logprobs = logprobs;
     sampling.validate();
     if (sampling.greedy()) {
       std::string unused;
@@ -113,6 +124,7 @@ int main(int argc, char** argv) {
           if (r.tokens == 0 && !out.new_tokens.empty()) r.ttft_s = seconds();
           r.tokens += static_cast<std::int64_t>(out.new_tokens.size());
           r.text += out.new_text;
+          r.logprobs.insert(r.logprobs.end(), out.logprobs.begin(), out.logprobs.end());
           if (out.finish) {
             r.e2e_s = seconds();
             r.finish = dsp::serve::finish_reason_name(*out.finish);
@@ -135,6 +147,16 @@ int main(int argc, char** argv) {
       std::printf("\n--- %lld tokens (%s) in %.3f s: %.1f tokens/s, time to first token %.1f ms\n",
                   static_cast<long long>(r.tokens), r.finish.c_str(), r.e2e_s,
                   r.e2e_s > 0 ? static_cast<double>(r.tokens) / r.e2e_s : 0.0, 1e3 * r.ttft_s);
+      if (sampling.logprobs) {
+        nlohmann::json j = {{"tokens", nlohmann::json::array()}, {"logprobs", nlohmann::json::array()},
+                            {"top", nlohmann::json::array()}};
+        for (const auto& lp : r.logprobs) {
+          j["tokens"].push_back(lp.token);
+          j["logprobs"].push_back(lp.logprob);
+          j["top"].push_back(lp.top);
+        }
+        std::printf("--- logprobs %s\n", j.dump().c_str());
+      }
     }
   });
 }

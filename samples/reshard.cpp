@@ -1,7 +1,8 @@
 // dsp-reshard: rewrites a checkpoint (saved at any TP and PP) for another tensor- and
 // data-parallel layout on one pipeline stage (the serving layout; dsp-train --load reads a
 // checkpoint at any PP directly), straight from its manifest, or merges it into one Hugging
-// Face safetensors file + config.json. Both write tensors in global layer order.
+// Face safetensors file + config.json (+ tokenizer.json, tokenizer_config.json for a byte-level
+// model: vocab 256 or 257). Both write tensors in global layer order.
 //
 //   dsp-reshard --load ckpt --save ckpt_tp4 --tensor-model-parallel-size 4
 //   dsp-reshard --load ckpt --save serve_tp4 --tensor-model-parallel-size 4 --no-save-optim
@@ -32,7 +33,9 @@ int main(int argc, char** argv) {
     load = dsp::checkpoint::resolve_checkpoint(load).string();  // a folder of iter_* checkpoints: its latest
     if (merge) {
       dsp::checkpoint::merge(load, save);
-      std::printf("merged %s into %s (model.safetensors, config.json)\n", load.c_str(), save.c_str());
+      const bool tokenizer = std::filesystem::exists(std::filesystem::path(save) / dsp::checkpoint::merged_tokenizer_file);
+      std::printf("merged %s into %s (model.safetensors, config.json%s)\n", load.c_str(), save.c_str(),
+                  tokenizer ? ", the byte-level tokenizer.json and tokenizer_config.json" : "");
       return;
     }
     DSP_CHECK_AS(dsp::InputError, tp > 0, "--tensor-model-parallel-size is required (or --merge)");

@@ -103,8 +103,13 @@ done
   && grep -q "\"reference\":\"$work/ckpt/iter_0000006\"" "$work/cc" && grep -q '"consistent":true' "$work/cc" && ok \
   || fail "consistency against the recorded source: $(cat "$work/cc")"
 diff <(text_of "$work/gen1" | tail -n +2) <(text_of "$work/gen4" | tail -n +2) >/dev/null && ok || fail "TP1 and TP4 greedy generations differ"
+# --logprobs N: a '--- logprobs' line after the text, one entry per generated token
+"$bin/dsp-generate" --load "$work/ckpt_tp1" --prompt "ROMEO:" --max-new-tokens 8 --temperature 0 --logprobs 2 >"$work/lp" \
+  && [ "$(grep -a '^--- logprobs {' "$work/lp" | grep -o '"tokens":\[[0-9,]*\]' | tr -cd , | wc -c)" = 7 ] && ok \
+  || fail "generate --logprobs: $(tail -1 "$work/lp")"
 "$bin/dsp-reshard" --load "$work/ckpt" --save "$work/hf" --merge >/dev/null && [ -f "$work/hf/model.safetensors" ] \
-  && [ -f "$work/hf/config.json" ] && ok || fail "merge"
+  && [ -f "$work/hf/config.json" ] && [ -f "$work/hf/tokenizer.json" ] && [ -f "$work/hf/tokenizer_config.json" ] && ok \
+  || fail "merge (model, config and the byte-level tokenizer)"
 # training resumes from the TP4 and TP1 reshards (moments as whole shards in their partition files)
 # exactly as from their source: at TP4, and at TP1 x DP2 with ZeRO 3 (each rank reads its slice)
 for layout in "4 4 0 ckpt_tp4" "2 1 3 ckpt_tp1"; do

@@ -4,6 +4,9 @@
 //                      {"format": "pt"}; fused tensors split by rows into their parts
 //                      (qkv_proj -> q_proj, k_proj, v_proj; gate_up_proj -> gate_proj, up_proj)
 //   config.json        the manifest's model_config (a Hugging Face config, supplied at save)
+//   tokenizer.json, tokenizer_config.json
+//                      a byte-level model's tokenizer (vocab_size 256 or 257: byte b is id b,
+//                      the EOD 256; byte_tokenizer_json.hpp); other models get none
 // Tensors are written in global model order (global_model_order): the embedding, layers
 // 0..L-1 by number (layers.10 after layers.9), then the final norm and the output layer,
 // whatever pipeline layout (interleaved stages included) the checkpoint was saved at.
@@ -19,6 +22,7 @@
 #include <vector>
 
 #include "dsp/checkpoint/atomic_dir.hpp"
+#include "dsp/checkpoint/byte_tokenizer_json.hpp"
 #include "dsp/checkpoint/file_io.hpp"
 #include "dsp/checkpoint/load.hpp"
 #include "dsp/checkpoint/safetensors.hpp"
@@ -112,7 +116,8 @@ inline std::vector<std::pair<std::string, Tensor>> hugging_face_tensors(const Sh
 }
 
 /// Writes the checkpoint in `dir` (its model files verified first) to `out_dir` as
-/// model.safetensors + config.json, atomically (an existing `out_dir` is replaced only on
+/// model.safetensors + config.json (+ tokenizer.json and tokenizer_config.json when the model
+/// config's vocab_size is byte-level, is_byte_level_vocab), atomically (an existing `out_dir` is replaced only on
 /// success), the tensors in global_model_order whatever layout the checkpoint was saved at (any
 /// TP and PP). Tensors whose name starts with optimizer_prefix are left out (ReadScope::Model:
 /// their partition files are not read). Memory: every parameter's global tensor. Throws
@@ -131,7 +136,17 @@ inline void merge(const std::filesystem::path& dir, const std::filesystem::path&
 
   AtomicDir staging(out_dir);
   write_safetensors(staging.tmp_path() / merged_model_file, refs, {{"format", "pt"}});
-  write_text(staging.tmp_path() / merged_config_file, reader.manifest().meta.model_config.dump(2) + "\n");
+  const nlohmann::json& config = reader.manifest().meta.model_config;
+  write_text(staging.tmp_path() / merged_config_file, config.dump(2) + "\n");
+  const auto number = [&](const char* key) {
+    return config.contains(key) && config.at(key).is_number_integer() ? config.at(key).get<std::int64_t>() : 0;
+  };
+  if (const std::int64_t vocab = number("vocab_size"); is_byte_level_vocab(vocab)) {
+    write_text(staging.tmp_path() / merged_tokenizer_file, byte_tokenizer_json(vocab).dump(2) + "\n");
+    const std::int64_t seq = number("max_position_embeddings");
+    write_text(staging.tmp_path() / merged_tokenizer_config_file,
+               byte_tokenizer_config_json(vocab, seq > 0 ? seq : 1 << 20).dump(2) + "\n");
+  }
   staging.commit();
 }
 
