@@ -85,6 +85,7 @@ void print_summary(const Run& run, const Summary& s, const std::vector<std::stri
   line("Total generated tokens:", std::to_string(s.total_output));
   line("Request throughput (req/s):", fixed(s.request_throughput));
   line("Output token throughput (tok/s):", fixed(s.output_throughput));
+  line("Peak output token throughput (tok/s):", fixed(s.peak_output_throughput));
   line("Peak concurrent requests:", std::to_string(run.peak_concurrency));
   line("Total Token throughput (tok/s):", fixed(s.total_token_throughput));
   const auto section = [&](const std::string& key, const std::string& heading, const std::string& name, const Distribution& d) {
@@ -165,6 +166,7 @@ Json result_json(const Run& run, const Summary& s, const std::string& label, con
   j["request_goodput"] = nullptr;
   j["output_throughput"] = s.output_throughput;
   j["total_token_throughput"] = s.total_token_throughput;
+  j["max_output_tokens_per_s"] = s.peak_output_throughput;
   j["max_concurrent_requests"] = run.peak_concurrency;
   j["percentile_method"] = "numpy.percentile default (linear interpolation between closest ranks)";
   distribution_json("ttft", s.ttft, j);
@@ -230,8 +232,8 @@ std::string now_string() {
 }
 
 // Waits until the server answers a valid request (vllm's initial test run, with its
-// --ready-check-timeout-sec): retries while nothing listens (or, without --model, while
-// /v1/models lists no model), once a second, until the timeout; throws when it passes or when
+// --ready-check-timeout-sec): retries while nothing listens, the server answers 503 (or,
+// without --model, /v1/models lists no model), once a second, until the timeout; throws when it passes or when
 // the server answers the test request with an error.
 void wait_until_ready(Options& o, const Prompt& prompt, double timeout_s) {
   const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
@@ -242,8 +244,9 @@ void wait_until_ready(Options& o, const Prompt& prompt, double timeout_s) {
       RequestSpec spec{o.endpoint, valid_body(o, prompt).dump(), o.chat(), 0, o.request_timeout_s};
       const RequestResult r = send_request(o.target, spec, Clock::now());
       if (r.success) return;
-      DSP_CHECK_AS(dsp::InputError, r.status == 0, "the initial test request failed (is --model right? the lengths within ",
-                   "--max-model-len?): ", r.error);
+      // nothing listening yet, or 503 (llama-server while it loads the model): try again
+      DSP_CHECK_AS(dsp::InputError, r.status == 0 || r.status == 503, "the initial test request failed (is --model right? the ",
+                   "lengths within --max-model-len?): ", r.error);
       last = r.error;
     } else {
       last = "no --model given and GET /v1/models lists none";

@@ -23,6 +23,10 @@
 //   output token throughput  sum of output tokens / duration
 //   total token throughput   (sum of prompt tokens + sum of output tokens) / duration; prompt
 //                            tokens: usage.prompt_tokens, else the prompt's bytes (token ids)
+//   peak output token throughput  the most chunks carrying tokens in one 1-s bucket from the
+//                            first successful request's send (vllm's: a chunk counts as a token)
+//   peak concurrent requests the most requests in flight at one instant, any kind (vllm counts
+//                            the requests active within a 1-s bucket instead)
 //   mean, median, std (population, numpy's ddof=0) and percentiles of TTFT, TPOT, ITL, E2E;
 //   percentiles are numpy.percentile's default (linear interpolation between closest ranks).
 #include <httplib.h>
@@ -770,7 +774,7 @@ inline Distribution distribution_ms(const std::vector<double>& seconds, const st
 struct Summary {
   std::size_t completed = 0, failed = 0;  ///< valid requests (disconnecting ones apart)
   std::int64_t total_input = 0, total_output = 0;
-  double request_throughput = 0, output_throughput = 0, total_token_throughput = 0;
+  double request_throughput = 0, output_throughput = 0, total_token_throughput = 0, peak_output_throughput = 0;
   Distribution ttft, tpot, itl, e2el;
   // load test
   std::size_t malformed_sent = 0, malformed_ok = 0, malformed_other = 0;
@@ -895,6 +899,19 @@ inline Summary summarize(const Run& run, const References* references, const std
       }
     }
   }
+  // peak output token throughput: chunks carrying tokens per 1-s bucket (vllm's)
+  double first_start = std::numeric_limits<double>::infinity();
+  for (std::size_t i = 0; i < run.plan.size(); ++i)
+    if (run.plan[i].kind == RequestKind::Valid && run.results[i].success) first_start = std::min(first_start, run.results[i].start);
+  std::map<std::int64_t, std::int64_t> buckets;
+  for (std::size_t i = 0; i < run.plan.size(); ++i) {
+    const RequestResult& r = run.results[i];
+    if (run.plan[i].kind != RequestKind::Valid || !r.success || r.token_chunks == 0) continue;
+    double t = r.start + r.ttft - first_start;
+    ++buckets[static_cast<std::int64_t>(t)];
+    for (double gap : r.itl) ++buckets[static_cast<std::int64_t>(t += gap)];
+  }
+  for (const auto& [second, count] : buckets) s.peak_output_throughput = std::max(s.peak_output_throughput, static_cast<double>(count));
   const double d = run.duration > 0 ? run.duration : 1e-9;
   s.request_throughput = static_cast<double>(s.completed) / d;
   s.output_throughput = static_cast<double>(s.total_output) / d;
