@@ -11,8 +11,9 @@
 // prompt), each of which must get a 4xx with OpenAI's error JSON; --disconnect-fraction F makes
 // requests close their connection after 1-3 chunks; --write-outputs records every prompt's
 // output, --expected-outputs checks a later run against it (greedy decoding: the same prompt
-// gives the same text whatever else runs). The exit status is 1 when a valid request failed, a
-// malformed one got anything but a 4xx with error JSON, or an output differed.
+// gives the same text whatever else runs); --expect-metric dsp:kv_cache_used_blocks=0 checks
+// /metrics after the run. The exit status is 1 when a valid request failed, a malformed one got
+// anything but a 4xx with error JSON, an output differed, or an expected metric was not seen.
 //
 //   bench_serving --base-url http://127.0.0.1:8000 --model demo --num-prompts 200
 //       --max-concurrency 16 --random-input-len 64 --random-output-len 32
@@ -42,6 +43,8 @@ struct Flags {
   std::string save_dir, result_filename, label, expected_outputs, write_outputs;
   bool save_result = false;
   double ready_check_timeout_s = 600;
+  std::vector<std::string> expect_metrics;
+  double expect_metric_timeout_s = 10;
   std::string percentile_metrics = "ttft,tpot,itl", metric_percentiles = "99";
 };
 
@@ -306,6 +309,12 @@ int main(int argc, char** argv) {
   app.add_option("--max-model-len", o.max_model_len, "the server's max model len, for over-length requests (default: /v1/models')");
   app.add_option("--expected-outputs", f.expected_outputs, "JSON of reference outputs to check the outputs against");
   app.add_option("--write-outputs", f.write_outputs, "write the outputs as reference JSON (prompt -> {max_tokens, text})");
+  app.add_option("--expect-metric", f.expect_metrics,
+                 "NAME=VALUE: after the run, GET /metrics must show this (e.g. dsp:kv_cache_used_blocks=0; a name without "
+                 "labels sums its series); repeatable");
+  app.add_option("--expect-metric-timeout", f.expect_metric_timeout_s, "seconds to wait for --expect-metric to hold")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -347,6 +356,20 @@ int main(int argc, char** argv) {
       DSP_CHECK_AS(dsp::InputError, used == p.size() && v > 0 && v < 100, "--metric-percentiles: '", p, "' is not in (0, 100)");
       ps.push_back(v);
     }
+    std::vector<MetricExpectation> expectations;
+    for (const std::string& e : f.expect_metrics) {
+      const std::size_t eq = e.rfind('=');
+      std::size_t used = 0;
+      double v = 0;
+      try {
+        if (eq != std::string::npos) v = std::stod(e.substr(eq + 1), &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      DSP_CHECK_AS(dsp::InputError, eq != std::string::npos && eq > 0 && used > 0 && used == e.size() - eq - 1,
+                   "--expect-metric must be NAME=VALUE, got '", e, "'");
+      expectations.push_back({e.substr(0, eq), v, std::nullopt});
+    }
     dataset.seed = o.seed;
     const std::size_t pool = o.num_distinct_prompts > 0 ? std::min(o.num_distinct_prompts, o.num_prompts) : o.num_prompts;
     std::vector<Prompt> prompts = make_prompts(dataset, pool);
@@ -378,6 +401,10 @@ int main(int argc, char** argv) {
     const Run run = run_requests(o, std::move(prompts), plan);
     const Summary s = summarize(run, f.expected_outputs.empty() ? nullptr : &references, ps);
     print_summary(run, s, metrics);
+    const bool metrics_met = expectations.empty() || wait_for_metrics(o.target, expectations, f.expect_metric_timeout_s);
+    for (const MetricExpectation& e : expectations)
+      line("Metric " + e.name + ":", (e.seen ? fixed(*e.seen) : std::string("not found")) + " (expected " + fixed(e.expected) +
+                                          (e.met() ? ")" : ", NOT MET)"));
     for (const std::string& p : s.problems) std::fprintf(stderr, "problem: %s\n", p.c_str());
 
     const std::string date = now_string();
@@ -401,6 +428,10 @@ int main(int argc, char** argv) {
       const References refs = references_of(run);
       write_references(f.write_outputs, refs);
       std::printf("%zu reference outputs written to %s\n", refs.size(), f.write_outputs.c_str());
+    }
+    if (!metrics_met) {
+      std::fprintf(stderr, "bench_serving: FAILED (--expect-metric not met after %g s)\n", f.expect_metric_timeout_s);
+      return 1;
     }
     if (!s.passed()) {
       std::fprintf(stderr, "bench_serving: FAILED (%zu failed, %zu malformed answered otherwise, %zu disconnecting failed, "

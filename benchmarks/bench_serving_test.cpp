@@ -42,6 +42,11 @@ class StubServer {
       res.set_content(R"({"object": "list", "data": [{"id": "stub", "object": "model", "max_model_len": 64}]})", "application/json");
     });
     server_.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) { complete(req, res); });
+    server_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content("# HELP stub:streams_open Streams not yet ended.\n# TYPE stub:streams_open gauge\nstub:streams_open " +
+                          std::to_string(open_.load()) + "\n",
+                      "text/plain; version=0.0.4");
+    });
     port_ = server_.bind_to_any_port("127.0.0.1");
     REQUIRE(port_ > 0);
     thread_ = std::thread([this] { server_.listen_after_bind(); });
@@ -96,6 +101,7 @@ class StubServer {
     if (faults_.drift && (calls_++ % 2 == 1)) text.back() = text.back() == 'x' ? 'y' : 'x';
     // one event a token, 1 ms apart; every third event split in two writes (a line cut in half)
     auto sent = std::make_shared<std::size_t>(0);
+    ++open_;
     const std::int64_t prompt_tokens = static_cast<std::int64_t>(prompt.size());
     res.set_chunked_content_provider("text/event-stream", [this, text, sent, prompt_tokens](std::size_t, httplib::DataSink& sink) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -119,14 +125,14 @@ class StubServer {
         return false;
       }
       return true;
-    });
+    }, [this](bool) { --open_; });
   }
 
   Faults faults_;
   httplib::Server server_;
   std::thread thread_;
   int port_ = 0;
-  std::atomic<int> cut_{0}, done_{0}, calls_{0};
+  std::atomic<int> cut_{0}, done_{0}, calls_{0}, open_{0};
 };
 
 Options stub_options(const StubServer& s) {
@@ -317,6 +323,22 @@ TEST_CASE("request bodies: valid, token ids, chat, and each malformed kind") {
   CHECK(Json::parse(malformed_body(o, p, MalformedKind::EmptyPrompt))["messages"][0]["content"] == "");
 }
 
+TEST_CASE("metrics: Prometheus text, one series or a metric's sum") {
+  const std::string text =
+      "# HELP dsp:kv_cache_used_blocks KV cache blocks in use.\n"
+      "# TYPE dsp:kv_cache_used_blocks gauge\n"
+      "dsp:kv_cache_used_blocks{rank=\"0\"} 3\n"
+      "dsp:kv_cache_used_blocks{rank=\"1\",note=\"a b\"} 4 1700000000\r\n"
+      "dsp:kv_cache_used_blocks_total 9\n"
+      "dsp:num_requests_running 0\n"
+      "bad_value x\n";
+  CHECK(metric_value(text, "dsp:kv_cache_used_blocks") == 7.0);
+  CHECK(metric_value(text, "dsp:kv_cache_used_blocks{rank=\"1\",note=\"a b\"}") == 4.0);
+  CHECK(metric_value(text, "dsp:num_requests_running") == 0.0);
+  CHECK_FALSE(metric_value(text, "dsp:num_requests").has_value());
+  CHECK_FALSE(metric_value(text, "bad_value").has_value());
+}
+
 TEST_CASE("error JSON: OpenAI's four members") {
   std::string why;
   CHECK(is_openai_error(R"({"error": {"message": "m", "type": "t", "param": null, "code": 400}})", &why));
@@ -404,6 +426,12 @@ TEST_CASE("run: load-test mode, malformed and disconnecting requests, references
   for (int k = 0; k < 2000 && server.streams_cut() < 12; ++k) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   CHECK(server.streams_cut() == 12);
   CHECK(server.streams_done() == 33);
+  std::vector<MetricExpectation> open = {{"stub:streams_open", 0, std::nullopt}};
+  CHECK(wait_for_metrics(server.target(), open, 5));
+  CHECK(open[0].seen == 0.0);
+  std::vector<MetricExpectation> missing = {{"stub:nothing", 0, std::nullopt}};
+  CHECK_FALSE(wait_for_metrics(server.target(), missing, 0.3));
+  CHECK_FALSE(missing[0].seen.has_value());
 
   // references: written from this run, checked by the next; a changed one is a mismatch
   References refs = references_of(run);

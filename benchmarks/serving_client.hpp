@@ -41,6 +41,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -274,6 +275,58 @@ inline bool is_openai_error(const std::string& body, std::string* why) {
     reason = "error.param or error.code missing";
   if (reason != nullptr && why != nullptr) *why = reason;
   return reason == nullptr;
+}
+
+/// The value of `name` in Prometheus text exposition `text`: with labels in `name`
+/// ('m{rank="0"}'), that series' value; without, the sum over every series of metric `name`
+/// (`m 3` and `m{rank="1"} 2` give 5). Empty when no series matches or a value does not parse.
+inline std::optional<double> metric_value(const std::string& text, const std::string& name) {
+  const bool exact = name.find('{') != std::string::npos;
+  std::optional<double> sum;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty() || line[0] == '#') continue;
+    // "series value [timestamp]": the series ends at the first space after its labels
+    const std::size_t brace = line.find('{');
+    const std::size_t close = brace == std::string::npos ? std::string::npos : line.find('}', brace);
+    const std::size_t end = line.find(' ', close == std::string::npos ? 0 : close);
+    if (end == std::string::npos) continue;
+    const std::string series = line.substr(0, end);
+    const std::string metric = series.substr(0, std::min(series.size(), series.find('{')));
+    if (exact ? series != name : metric != name) continue;
+    std::istringstream value(line.substr(end + 1));
+    double v = 0;
+    if (!(value >> v)) return std::nullopt;
+    sum = sum.value_or(0) + v;
+  }
+  return sum;
+}
+
+/// One --expect-metric NAME=VALUE and what /metrics said.
+struct MetricExpectation {
+  std::string name;
+  double expected = 0;
+  std::optional<double> seen;  ///< the last value read; empty when the metric was not found
+  bool met() const { return seen && *seen == expected; }
+};
+
+/// Reads GET /metrics until every expectation holds, every 0.2 s for at most timeout_s (a
+/// server frees the blocks of a cancelled request at its next step, not at once); fills in
+/// the values last seen. True when all hold.
+inline bool wait_for_metrics(const Target& target, std::vector<MetricExpectation>& expectations, double timeout_s) {
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+  for (;;) {
+    httplib::Client cli = make_client(target, 10);
+    const httplib::Result res = cli.Get(target.base_path + "/metrics");
+    bool all = true;
+    for (MetricExpectation& e : expectations) {
+      e.seen = res && res->status == 200 ? metric_value(res->body, e.name) : std::nullopt;
+      all = all && e.met();
+    }
+    if (all || Clock::now() >= deadline) return all;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
 }
 
 // --- one request -----------------------------------------------------------------------------
