@@ -15,7 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 cmake --preset default >/dev/null
-cmake --build --preset default -j2 --target dsp-train dsp-generate dsp-reshard dsp-consistency-check
+cmake --build --preset default -j2 --target dsp-train dsp-generate dsp-reshard dsp-consistency-check dsp-serve
 bin=build/default/samples
 
 if [ "${1:-}" = pp ]; then

@@ -18,6 +18,10 @@ packages=(
   libopenmpi-dev       # comm::MpiComm (DSP_ENABLE_MPI turns on when CMake finds MPI)
   openmpi-bin          # mpiexec: the MPI tests and `mpiexec -n N dsp-train`
   ccache               # .ci/run's compiler cache (optional for other builds)
+  libcpp-httplib-dev   # dsp-serve's HTTP server and bench_serving's client (cpp-httplib)
+  pkg-config           # finds cpp-httplib (cpp-httplib.pc)
+  curl                 # tests/samples/serve_test.sh speaks HTTP to dsp-serve with it
+  jq                   # ... and reads the JSON answers with it
 )
 
 missing=()

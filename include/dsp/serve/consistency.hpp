@@ -12,6 +12,7 @@
 
 #include "dsp/core/error.hpp"
 #include "dsp/core/tensor.hpp"
+#include "dsp/serve/byte_text.hpp"
 
 namespace dsp::serve {
 
@@ -45,23 +46,6 @@ inline std::vector<std::string> default_prompts() {
           "MENENIUS:\nWhat work's, my countrymen, in hand?",
           "KING RICHARD III:\nNow is the winter of our discontent",
           "JAQUES:\nAll the world's a stage,\nAnd all the men and women"};
-}
-
-/// One token per byte: the byte's value in [0, 256).
-inline std::vector<std::int32_t> encode_bytes(std::string_view text) {
-  std::vector<std::int32_t> ids;
-  ids.reserve(text.size());
-  for (char c : text) ids.push_back(static_cast<unsigned char>(c));
-  return ids;
-}
-
-/// Inverse of encode_bytes; ids outside [0, 256) (vocabulary padding, other tokenizers)
-/// become '?'.
-inline std::string decode_bytes(const std::vector<std::int32_t>& ids) {
-  std::string text;
-  text.reserve(ids.size());
-  for (auto id : ids) text.push_back(id >= 0 && id < 256 ? static_cast<char>(static_cast<unsigned char>(id)) : '?');
-  return text;
 }
 
 }  // namespace dsp::serve

@@ -48,6 +48,7 @@
 #include "dsp/core/threads.hpp"
 #include "dsp/model/causal_lm.hpp"
 #include "dsp/serve/block_manager.hpp"
+#include "dsp/serve/byte_text.hpp"
 #include "dsp/serve/engine_config.hpp"
 #include "dsp/serve/kv_cache_pool.hpp"
 #include "dsp/serve/request.hpp"
@@ -57,12 +58,6 @@
 #include "dsp/tp/mappings.hpp"
 
 namespace dsp::serve {
-
-/// The bytes of token `id` of a byte-level model (dsp's default tokenizer): one byte for ids
-/// below 256, nothing for others.
-inline std::string byte_token_text(std::int32_t id) {
-  return id >= 0 && id < 256 ? std::string(1, static_cast<char>(static_cast<unsigned char>(id))) : std::string();
-}
 
 /// Engine counters, the same on every rank after a step (vLLM's metrics).
 struct EngineStats {
