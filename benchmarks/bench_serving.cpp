@@ -179,7 +179,7 @@ Json result_json(const Run& run, const Summary& s, const std::string& label, con
   // per request, in the order of the plan (seconds, as vllm)
   Json kinds = Json::array(), statuses = Json::array(), starts = Json::array(), input_lens = Json::array(),
        output_lens = Json::array(), ttfts = Json::array(), itls = Json::array(), e2els = Json::array(),
-       texts = Json::array(), errors = Json::array();
+       texts = Json::array(), errors = Json::array(), elapsed = Json::array();
   for (std::size_t i = 0; i < run.plan.size(); ++i) {
     const PlannedRequest& q = run.plan[i];
     const RequestResult& r = run.results[i];
@@ -192,6 +192,7 @@ Json result_json(const Run& run, const Summary& s, const std::string& label, con
     ttfts.push_back(r.ttft);
     itls.push_back(r.itl);
     e2els.push_back(r.latency);
+    elapsed.push_back(r.elapsed);
     texts.push_back(r.text);
     errors.push_back(r.success ? std::string() : r.error);
   }
@@ -203,6 +204,7 @@ Json result_json(const Run& run, const Summary& s, const std::string& label, con
   j["ttfts"] = ttfts;
   j["itls"] = itls;
   j["e2els"] = e2els;
+  j["request_durations"] = elapsed;  // send -> the end of the answer or the failure, every request
   j["generated_texts"] = texts;
   j["errors"] = errors;
   j["load_test"] = {{"malformed_sent", s.malformed_sent},
@@ -405,6 +407,7 @@ int main(int argc, char** argv) {
     for (const MetricExpectation& e : expectations)
       line("Metric " + e.name + ":", (e.seen ? fixed(*e.seen) : std::string("not found")) + " (expected " + fixed(e.expected) +
                                           (e.met() ? ")" : ", NOT MET)"));
+    std::fflush(stdout);  // the summary before the problems when both go to one file
     for (const std::string& p : s.problems) std::fprintf(stderr, "problem: %s\n", p.c_str());
 
     const std::string date = now_string();

@@ -343,6 +343,7 @@ struct RequestResult {
   double start = 0;           ///< sent at this time after the benchmark's start
   double ttft = 0;
   double latency = 0;         ///< E2E
+  double elapsed = 0;         ///< send -> the answer's end, or the failure, whatever happened
   std::vector<double> itl;
   std::int64_t token_chunks = 0;
   std::int64_t prompt_tokens = -1;      ///< usage.prompt_tokens; -1 when not reported
@@ -457,6 +458,7 @@ inline RequestResult send_request(const Target& target, const RequestSpec& spec,
   const bool sent_ok = cli.send(req, res, err);
   if (sent_ok && r.status == 200 && event_stream && !r.disconnected && stream_error.empty()) parser.finish(on_event);
   if (r.status == 0) r.status = res.status > 0 ? res.status : 0;
+  r.elapsed = seconds_since(sent);
 
   if (r.disconnected) {
     r.error = "disconnected by the client (planned)";
@@ -711,7 +713,8 @@ inline Json valid_body(const Options& o, const Prompt& p) {
 ///   OverLength    a prompt of max_model_len bytes (`p` repeated) and max_tokens = max_model_len:
 ///                 over max_model_len whatever the tokenizer (a non-empty prompt is >= 1 token)
 ///   UnknownModel  "model": "no-such-model"
-///   EmptyPrompt   "prompt": "" ([] with token ids; chat: content "")
+///   EmptyPrompt   "prompt": "" ([] with token ids); chat: "messages": [] (an empty message is
+///                 valid: the chat template still makes a prompt of it)
 inline std::string malformed_body(const Options& o, const Prompt& p, MalformedKind k) {
   Json body = valid_body(o, p);
   const auto set_prompt = [&](const std::string& text) {
@@ -741,7 +744,12 @@ inline std::string malformed_body(const Options& o, const Prompt& p, MalformedKi
       break;
     }
     case MalformedKind::UnknownModel: body["model"] = "no-such-model"; break;
-    case MalformedKind::EmptyPrompt: set_prompt(""); break;
+    case MalformedKind::EmptyPrompt:
+      if (o.chat())
+        body["messages"] = Json::array();
+      else
+        set_prompt("");
+      break;
   }
   return body.dump();
 }
