@@ -4,10 +4,13 @@ point, e.g. from benchmarks/serving_sweep.sh), one line per label (dsp-serve, ll
 on a log2 x-axis, and marks each line's knee. Prints the table it drew to stdout.
 
 The knee: the smallest measured concurrency C from which on every doubling of the concurrency
-adds less than --threshold (default 10%) output throughput; between two measured points C1 < C2
-the gain per doubling is (T(C2) / T(C1)) ** (1 / log2(C2 / C1)) - 1 (for a sweep of doublings,
-simply T(2C) / T(C) - 1). No knee when the last step still gains --threshold or more (the
-server still scales at the largest concurrency measured).
+adds less than --threshold (default 10%) output throughput. Throughput here is the envelope
+B(C) = the best output tokens/s measured at any concurrency <= C, so that a dip (noise on a
+shared machine, or a server slower past its best point) is not taken for a gain still to come
+when the curve recovers; for a rising curve B = T. Between two measured points C1 < C2 the gain
+per doubling is (B(C2) / B(C1)) ** (1 / log2(C2 / C1)) - 1 (for a sweep of doublings, simply
+B(2C) / B(C) - 1). No knee when the last step still gains --threshold or more (the server
+still scales at the largest concurrency measured).
 
 usage: plot_serving_sweep.py [-o sweep.png] [--threshold 0.10] [--title T] RESULT.json|DIR ...
 (matplotlib: pip install matplotlib)
@@ -52,11 +55,16 @@ def load(paths):
 
 
 def gains(points):
-    """Throughput gain per doubling from each point to the next (None for the last)."""
+    """Gain per doubling of the envelope (best throughput so far) from each point to the next
+    (None for the last)."""
+    best, envelope = 0.0, []
+    for p in points:
+        best = max(best, p["throughput"])
+        envelope.append(best)
     out = []
-    for a, b in zip(points, points[1:]):
+    for a, b, ta, tb in zip(points, points[1:], envelope, envelope[1:]):
         doublings = math.log2(b["concurrency"] / a["concurrency"])
-        out.append((b["throughput"] / a["throughput"]) ** (1 / doublings) - 1 if a["throughput"] > 0 else math.inf)
+        out.append((tb / ta) ** (1 / doublings) - 1 if ta > 0 else math.inf)
     return out + [None]
 
 
@@ -83,7 +91,7 @@ def main():
         sys.exit("error: no bench_serving results among the inputs")
 
     print(f"knee: the smallest concurrency from which each doubling adds < {args.threshold:.0%} output tokens/s")
-    print("| label | max concurrency | completed | failed | output tok/s | gain to next doubling | median TTFT (ms) | median TPOT (ms) |")
+    print("| label | max concurrency | completed | failed | output tok/s | envelope gain to next point, per doubling | median TTFT (ms) | median TPOT (ms) |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     knees = {}
     for label, points in lines.items():
