@@ -129,7 +129,8 @@ def main():
     ax.set_xticklabels([str(t) for t in ticks])
     ax.set_xlabel("max concurrency (requests in flight)")
     ax.set_ylabel("output tokens/s")
-    ax.set_ylim(bottom=0)
+    top = max(p["throughput"] for points in lines.values() for p in points)
+    ax.set_ylim(0, top * 1.2 if top > 0 else 1)  # room for the knee's label above the curve
     ax.set_title(args.title)
     ax.grid(True, which="major", alpha=0.3)
     ax.legend()
