@@ -10,12 +10,19 @@
 //
 // Every answer to bad input is a 4xx with OpenAI's error JSON, never a 500: malformed JSON, a
 // wrong field type, a value out of range, an empty prompt, an over-long request (400), an
-// unknown model (404), a missing or wrong API key (401), an unknown path (404), a body over
-// 16 MiB (413); a full queue or a draining server answers 503. Streams are server-sent events
-// (`data: {chunk}` ... `data: [DONE]`), one chunk per generated token. Whole responses are
-// sent with chunked transfer encoding so that the server can see, while the request runs,
-// whether the client is still there: a client that disconnects, streaming or not, has its
-// requests aborted and their KV blocks freed at the next engine step.
+// unknown model (404), a missing or wrong API key (401), an unknown path (404), a known path
+// with another method (405), a chunked request body (411: bodies need a Content-Length), a
+// body over 16 MiB (413); a full queue or a draining server answers 503. Streams are
+// server-sent events (`data: {chunk}` ... `data: [DONE]`), one chunk per generated token.
+// Whole responses are sent with chunked transfer encoding (to HTTP/1.0 clients: until the
+// connection closes) so that the server can see, while the request runs, whether the client is
+// still there: a client that disconnects, streaming or not, has its requests aborted and their
+// KV blocks freed at the next engine step.
+//
+// Limits of cpp-httplib 0.11.4 (Debian 12's), the HTTP layer: a thread per connection (the pool
+// holds --max-num-seqs + --max-queue + 8), so idle connections occupy threads until their
+// 5-second keep-alive timeout, and a drain waits for them that long at most; pipelined requests
+// are answered one at a time; a client that half-closes its side is taken for gone.
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -24,9 +31,12 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <sys/socket.h>
 
 #include <httplib.h>
 #include <nlohmann/json.hpp>
@@ -110,7 +120,14 @@ class OpenAiServer {
     const std::size_t threads = options_.threads;
     server_.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
     server_.set_payload_max_length(std::size_t{16} << 20);
-    server_.set_keep_alive_timeout(30);
+    server_.set_keep_alive_timeout(5);  // an idle connection holds an HTTP thread this long at most
+    // SO_REUSEADDR only: httplib's default also sets SO_REUSEPORT, with which a second server
+    // binds the same port and takes part of the traffic instead of failing.
+    server_.set_socket_options([this](socket_t sock) {
+      int yes = 1;
+      ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+      listen_socket_ = sock;  // the last socket made is the one bound (set_socket_options is called per candidate)
+    });
     routes();
     if (options_.port == 0) {
       port_ = server_.bind_to_any_port(options_.host);
@@ -120,6 +137,11 @@ class OpenAiServer {
                    options_.host, ":", options_.port, " (address in use, or not this machine's?)");
       port_ = options_.port;
     }
+    // Debian's cpp-httplib 0.11.4 listens with a backlog of 5: a burst of connections (64
+    // clients at once) overflows it and the kernel drops some (TcpExtListenOverflows), which
+    // the clients see as no answer. Listening again on the bound socket raises the backlog.
+    DSP_CHECK_AS(dsp::ConfigError, ::listen(listen_socket_, SOMAXCONN) == 0, "cannot listen on ", options_.host, ":",
+                 port_, " with a backlog of ", SOMAXCONN);
     thread_ = std::thread([this] { server_.listen_after_bind(); });
   }
   OpenAiServer(const OpenAiServer&) = delete;
@@ -143,6 +165,12 @@ class OpenAiServer {
   void routes() {
     namespace oa = dsp::serve::openai;
     server_.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      // Runs before the body is read. cpp-httplib 0.11.4 reads a chunked request body without
+      // the 16 MiB bound, so bodies must come with a Content-Length (as OpenAI's clients send).
+      if (req.has_header("Transfer-Encoding")) {
+        detail::send_error(res, oa::ApiError(411, "send the request body with a Content-Length, not Transfer-Encoding"));
+        return httplib::Server::HandlerResponse::Handled;
+      }
       if (options_.api_key.empty() || !req.path.starts_with("/v1/")) return httplib::Server::HandlerResponse::Unhandled;
       if (req.get_header_value("Authorization") == "Bearer " + options_.api_key)
         return httplib::Server::HandlerResponse::Unhandled;
@@ -154,8 +182,15 @@ class OpenAiServer {
     // request line: 400) get OpenAI's error JSON too.
     server_.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
       if (!res.body.empty()) return;
+      static const std::set<std::string> get_paths{"/health", "/version", "/metrics", "/v1/models"},
+          post_paths{"/v1/completions", "/v1/chat/completions"};
+      if (res.status == 404 && (get_paths.contains(req.path) || post_paths.contains(req.path))) {
+        res.status = 405;
+        res.set_header("Allow", get_paths.contains(req.path) ? "GET" : "POST");
+      }
       const std::string message = res.status == 404   ? "no route " + req.method + " " + req.path
-                                  : res.status == 413 ? std::string("the request body is over 16 MiB")
+                                  : res.status == 405 ? req.method + " is not allowed on " + req.path
+                                  : res.status == 413 ? std::string("the request body is over the limit (16 MiB; 8 KiB as a form: send Content-Type: application/json)")
                                                       : "HTTP " + std::to_string(res.status);
       detail::send_error(res, oa::ApiError(res.status, message));
     });
@@ -216,7 +251,7 @@ class OpenAiServer {
         for (std::int64_t j = 0; j < parsed.n; ++j) {
           dsp::serve::SamplingParams params = parsed.params[p];
           const std::int64_t index = static_cast<std::int64_t>(p) * parsed.n + j;
-          params.stream = static_cast<std::uint64_t>(index);
+          params.stream = static_cast<std::uint64_t>(j);  // a prompt's text does not depend on the others
           if (!parsed.seeded) params.seed = seed;
           requests.push_back({parsed.prompts[p], params});
           call->choices.emplace_back(kind, index, params.logprobs.has_value(), dsp::serve::byte_token_text);
@@ -231,12 +266,14 @@ class OpenAiServer {
         throw oa::ApiError(400, e.what());
       }
       for (std::size_t i = 0; i < call->ids.size(); ++i) call->choice_of[call->ids[i]] = i;
-      res.set_chunked_content_provider(
-          call->stream ? "text/event-stream" : "application/json",
-          [call, engine](std::size_t, httplib::DataSink& sink) { return respond(*call, *engine, sink); },
-          [call, engine](bool) {
-            if (!call->done) engine->abort(call->ids);  // the client went away (or the write failed)
-          });
+      auto provider = [call, engine](std::size_t, httplib::DataSink& sink) { return respond(*call, *engine, sink); };
+      auto releaser = [call, engine](bool) {
+        if (!call->done) engine->abort(call->ids);  // the client went away (or the write failed)
+      };
+      const std::string type = call->stream ? "text/event-stream" : "application/json";
+      // HTTP/1.0 has no chunked encoding: the body runs to the end of the connection.
+      if (req.version == "HTTP/1.0") res.set_content_provider(type, provider, releaser);
+      else res.set_chunked_content_provider(type, provider, releaser);
       if (call->stream) res.set_header("Cache-Control", "no-cache");
     } catch (const oa::ApiError& e) {
       detail::send_error(res, e);
@@ -296,6 +333,7 @@ class OpenAiServer {
   std::int64_t created_ = std::time(nullptr);
   httplib::Server server_;
   int port_ = 0;
+  socket_t listen_socket_ = -1;
   std::thread thread_;
   std::atomic<AsyncEngineT*> engine_{nullptr};
 };

@@ -57,7 +57,8 @@ int main(int argc, char** argv) {
     // Streams open at once: every running and waiting request may hold an HTTP thread.
     http.threads = static_cast<std::size_t>(std::min<std::int64_t>(config.max_num_seqs + max_queue, 1024) + 8);
     const dsp::serve::openai::ServedModel served{served_name.empty() ? given : served_name, model_config.vocab_size,
-                                                 config.max_model_len > 0 ? config.max_model_len : model_config.seq_length};
+                                                 config.max_model_len > 0 ? config.max_model_len : model_config.seq_length,
+                                                 max_queue};
     dsp::train::ExitSignalHandler signals;  // SIGTERM / SIGINT: drain (rank 0's process acts on it)
     samples::run_ranks(tp * ep, [&]<class Comm>(Comm& world) {
       using P = dsp::Policy<dsp::backend::Host, Comm>;

@@ -136,7 +136,22 @@ expect_error "presence_penalty" 400 presence_penalty "got 3" '{"prompt": "x", "p
 expect_error "frequency_penalty" 400 frequency_penalty "got -2.5" '{"prompt": "x", "frequency_penalty": -2.5}'
 expect_error "chat without messages" 400 messages "required" '{"prompt": "x"}' /v1/chat/completions
 expect_error "unknown path" 404 "" "no route" '{}' /v1/embeddings
+[ "$(curl -s -o "$work/body" -w '%{http_code}' -X GET "$(url /v1/completions)")" = 405 ] && [ "$(jq -r .error.type "$work/body")" = invalid_request_error ] \
+  && ok || fail "GET /v1/completions: $(cat "$work/body")"
+[ "$(curl -s -o "$work/body" -w '%{http_code}' -H 'Transfer-Encoding: chunked' "$(url /v1/completions)" -H 'Content-Type: application/json' \
+    -d '{"prompt": "x"}')" = 411 ] && ok || fail "a chunked request body: $(cat "$work/body")"
+# Values at the ends of their ranges: a repetition penalty of 1e-40 saturates logits, no crash.
+[ "$(status_of /v1/completions '{"prompt": "ROMEO:", "max_tokens": 4, "repetition_penalty": 1e-40}')" = 200 ] && ok \
+  || fail "repetition_penalty 1e-40: $(cat "$work/body")"
+expect_error "max_tokens near 2^63" 400 prompt "context length" '{"prompt": "x", "max_tokens": 9223372036854775807}'
 [ "$(curl -s -o /dev/null -w '%{http_code}' "$(url /health)")" = 200 ] && ok || fail "the server is down after bad input"
+# HTTP/1.0: no chunked encoding; the body runs to the end of the connection.
+curl -s -0 -i "$(url /v1/completions)" -H 'Content-Type: application/json' -d '{"prompt": "ROMEO:", "max_tokens": 4}' >"$work/http10"
+! grep -qi '^transfer-encoding' "$work/http10" && sed '1,/^\r$/d' "$work/http10" | jq -e '.usage.completion_tokens == 4' >/dev/null \
+  && ok || fail "HTTP/1.0: $(cat "$work/http10")"
+# A second server on the same port fails at once (no SO_REUSEPORT sharing).
+"$bin/dsp-serve" --model "$work/ckpt" --port "$port" >/dev/null 2>"$work/second.err"
+[ $? -ne 0 ] && grep -q "cannot listen on 127.0.0.1:$port" "$work/second.err" && ok || fail "a second server on port $port: $(cat "$work/second.err")"
 
 # Clients that disconnect: a stream closed after its first bytes, and a whole response cut
 # after 0.3 s (when it had not finished by then: curl's exit code 28). Their requests end as
@@ -170,14 +185,29 @@ wait $pid
 rc=$?
 [ $rc -eq 0 ] && grep -q "SIGTERM: draining" "$work/tp1.err" && ok || fail "after SIGTERM: exit code $rc, $(tail -3 "$work/tp1.err")"
 
-# --- TP2 server with an API key and a queue of 2: 401 without the key; 503 when full.
-start_server tp2 "$bin/dsp-serve" --model "$work/ckpt" --served-model-name demo --api-key sekret --max-num-seqs 2 --max-queue 2 || exit 1
+# --- TP2 server with an API key and a queue of 2: 401 without the key; 400 or 503 when full.
+start_server tp2 "$bin/dsp-serve" --model "$work/ckpt" --served-model-name demo --api-key sekret --max-num-seqs 2 --max-queue 2 \
+  --max-num-batched-tokens 8 || exit 1
 [ "$(curl -s -o "$work/body" -w '%{http_code}' "$(url /v1/models)")" = 401 ] && [ "$(jq -r .error.code "$work/body")" = invalid_api_key ] \
   && ok || fail "no key: $(cat "$work/body")"
 tp2=$(curl -s --max-time 60 "$(url /v1/completions)" -H 'Authorization: Bearer sekret' -d "{\"prompt\": \"$prompt\", \"max_tokens\": 48, $sampled}")
 [ "$(jq -j '.choices[0].text' <<<"$tp2"; echo .)" = "$text." ] && ok || fail "TP2 text differs from TP1's (a near-tie?): $tp2"
+# More completions than the queue could ever hold: 400. Eight requests of 2 sent at once, each
+# with a 96-token prompt prefilled 8 tokens a step (--max-num-batched-tokens 8): the first two
+# requests' prompts wait for their first token for at least 12 steps, and the others meanwhile
+# get 503 server_busy; every answer is a 200 or that 503.
 [ "$(curl -s -o "$work/body" -w '%{http_code}' "$(url /v1/completions)" -H 'Authorization: Bearer sekret' \
-    -d '{"prompt": "x", "n": 3}')" = 503 ] && [ "$(jq -r .error.code "$work/body")" = server_busy ] && ok || fail "full queue: $(cat "$work/body")"
+    -d '{"prompt": "x", "n": 3}')" = 400 ] && [ "$(jq -r .error.param "$work/body")" = n ] && ok || fail "n over --max-queue: $(cat "$work/body")"
+long=$(printf 'a%.0s' $(seq 96))
+for i in $(seq 8); do
+  curl -s --max-time 60 -o "$work/q$i" -w '%{http_code}\n' "$(url /v1/completions)" -H 'Authorization: Bearer sekret' \
+    -d "{\"prompt\": \"$long\", \"n\": 2, \"max_tokens\": 8}" >"$work/q$i.code" &
+done
+wait $(jobs -p | grep -v "^$pid\$")
+codes=$(cat "$work"/q*.code | sort | uniq -c | tr -s ' ' | tr '\n' ';')
+busy=$(grep -l server_busy "$work"/q[0-9] 2>/dev/null | wc -l)
+[ "$(cat "$work"/q*.code | grep -vc '^\(200\|503\)$')" = 0 ] && [ "$(grep -c '^503$' "$work"/q*.code | awk -F: '{s += $2} END {print s}')" = "$busy" ] \
+  && [ "$busy" -ge 1 ] && ok || fail "queue full: codes $codes, $busy server_busy"
 kill -TERM $pid
 wait $pid && ok || fail "TP2 server: exit code after SIGTERM"
 

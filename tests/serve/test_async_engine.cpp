@@ -140,3 +140,45 @@ TEST_CASE("AsyncEngine: concurrent clients on TP2 get their solo tokens; abort, 
   CHECK(has("dsp:kv_cache_used_blocks 0"));
   CHECK(has("dsp:num_requests_running 0"));
 }
+
+TEST_CASE("AsyncEngine: the queue bound counts every request without its first token, across steps") {
+  // --max-num-seqs 1 --max-queue 3: three requests fit before any step, a fourth does not;
+  // once the first has its first token, one more fits (not before), and so on.
+  serve::EngineConfig config;
+  config.block_size = 4;
+  config.max_num_seqs = 1;
+  comm::launch(1, [&](comm::ThreadComm& world) {
+    DeviceMesh mesh(world, ParallelLayout{});
+    model::CausalLM<test::ServeP> model(test::tiny_serving_model(), mesh, test::kServingSeed);
+    serve::Engine<test::ServeP> engine(model, world, config);
+    serve::AsyncEngine<test::ServeP> async(engine, world, {.max_queue = 3});
+    auto queue = std::make_shared<serve::OutputQueue>();
+    const serve::NewRequest r{{1, 2, 3}, {.max_tokens = 2}};
+    CHECK(async.submit({r, r, r}, queue).size() == 3);
+    CHECK(async.waiting() == 3);
+    CHECK_THROWS_AS((void)async.submit({r}, queue), serve::ServerBusy);
+    CHECK_THROWS_AS((void)async.submit({r, r, r, r}, std::make_shared<serve::OutputQueue>()), serve::ServerBusy);
+    std::thread client([&] {
+      std::int64_t accepted = 0;
+      for (int tries = 0; tries < 20000 && accepted < 3; ++tries) {  // bounded: each try a few microseconds
+        try {
+          (void)async.submit({r}, queue);
+          ++accepted;
+          CHECK(async.waiting() <= 3);
+        } catch (const serve::ServerBusy&) {
+          std::this_thread::sleep_for(std::chrono::microseconds(200));
+        }
+      }
+      CHECK(accepted == 3);
+      int finished = 0;
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+      while (finished < 6 && std::chrono::steady_clock::now() < deadline)
+        for (const auto& out : queue->pop(std::chrono::milliseconds(50))) finished += out.finished() ? 1 : 0;
+      CHECK(finished == 6);
+      CHECK(async.waiting() == 0);
+      async.drain();
+    });
+    async.run();
+    client.join();
+  });
+}

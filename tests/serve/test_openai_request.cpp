@@ -117,6 +117,52 @@ TEST_CASE("completions: bad input is a 400 naming the field and the value, an un
   CHECK(error_of(json::parse(R"([1, 2])")).status() == 400);
 }
 
+TEST_CASE("completions: extreme values, limits and unsupported fields (found by review)") {
+  // max_tokens near 2^63: no overflow past the length check.
+  auto e = error_of(json::parse(R"({"prompt": "ROMEO:", "max_tokens": 9223372036854775807})"));
+  CHECK((e.code() == "context_length_exceeded" && mentions(e, "9223372036854775807 for the completion")));
+  // Integers beyond int64 are refused, not wrapped (top_k 2^64 - 1 is not -1).
+  e = error_of(json::parse(R"({"prompt": "x", "top_k": 18446744073709551615})"));
+  CHECK((e.param() == "top_k" && mentions(e, "18446744073709551615")));
+  CHECK(error_of(json::parse(R"({"prompt": "x", "n": 9223372036854775808})")).param() == "n");
+  // Integral floats are integers everywhere.
+  auto r = oa::parse_completion_request(json::parse(R"({"prompt": [65.0, 66], "stop_token_ids": [3.0], "n": 2.0})"), served_model);
+  CHECK(r.prompts[0] == std::vector<std::int32_t>{65, 66});
+  CHECK(r.params[0].stop_token_ids == std::vector<std::int32_t>{3});
+  CHECK(error_of(json::parse(R"({"prompt": [65.5]})")).param() == "prompt");
+  // Bounded stop lists.
+  json many = {{"prompt", "x"}, {"stop", json::array()}};
+  for (int i = 0; i < 17; ++i) many["stop"].push_back("s" + std::to_string(i));
+  e = error_of(many);
+  CHECK((e.param() == "stop" && mentions(e, "17 strings")));
+  e = error_of(json{{"prompt", "x"}, {"stop", std::string(513, 'a')}});
+  CHECK((e.param() == "stop" && mentions(e, "513 bytes")));
+  // prompts x n over what the server can queue: 400 (it could never run), before any work.
+  const oa::ServedModel small{"demo", 256, 128, 4};
+  try {
+    (void)oa::parse_completion_request(json::parse(R"({"prompt": ["a", "b", "c"], "n": 2})"), small);
+    FAIL("no error");
+  } catch (const oa::ApiError& err) {
+    CHECK((err.status() == 400 && err.param() == "n"));
+    CHECK(std::string(err.what()).find("6 completions (3 prompts x n 2)") != std::string::npos);
+  }
+  // Unsupported fields with a non-default value are refused; their defaults pass.
+  for (const char* body : {R"({"prompt": "x", "response_format": {"type": 5}})", R"({"prompt": "x", "response_format": {"type": "json_object"}})",
+                           R"({"prompt": "x", "tools": {"type": "text"}})", R"({"prompt": "x", "tool_choice": "auto"})",
+                           R"({"prompt": "x", "min_tokens": 4})", R"({"prompt": "x", "include_stop_str_in_output": true})",
+                           R"({"prompt": "x", "guided_json": {}})", R"({"prompt": "x", "allowed_token_ids": [1]})",
+                           R"({"prompt": "x", "bad_words": ["a"]})", R"({"prompt": "x", "prompt_logprobs": 1})",
+                           R"({"prompt": "x", "truncate_prompt_tokens": 4})", R"({"prompt": "x", "skip_special_tokens": false})"}) {
+    CAPTURE(body);
+    e = error_of(json::parse(body));
+    CHECK((e.status() == 400 && mentions(e, "not supported")));
+  }
+  CHECK_NOTHROW(oa::parse_completion_request(
+      json::parse(R"({"prompt": "x", "response_format": {"type": "text"}, "tools": [], "tool_choice": "none", "min_tokens": 0,
+                    "skip_special_tokens": true, "include_stop_str_in_output": false, "bad_words": [], "echo": false, "best_of": 1})"),
+      served_model));
+}
+
 TEST_CASE("chat: the template, max_tokens' default and logprobs") {
   const json body = json::parse(R"({"messages": [{"role": "system", "content": "Be brief."},
     {"role": "user", "content": [{"type": "text", "text": "Hello"}, {"type": "text", "text": "!"}]}]})");
@@ -144,6 +190,8 @@ TEST_CASE("chat: the template, max_tokens' default and logprobs") {
         "top_logprobs");
   const auto e = error_of(json::parse(R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 200})"), true);
   CHECK((e.code() == "context_length_exceeded" && e.param() == "messages"));
+  const auto zero = error_of(json::parse(R"({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0})"), true);
+  CHECK(zero.param() == "max_completion_tokens");
   const json long_chat = {{"messages", {{{"role", "user"}, {"content", std::string(130, 'a')}}}}};
   CHECK(error_of(long_chat, true).code() == "context_length_exceeded");
 }

@@ -136,4 +136,18 @@ TEST_CASE("non-finite logits are an error, not a crash") {
   CHECK_THROWS_AS(dsp::serve::sample_token(row, 3, p, 0, 0), dsp::Error);
 }
 
+TEST_CASE("penalties at the ends of their range saturate instead of making a logit infinite") {
+  // A repetition penalty of 1e-40 divides a positive logit past fp32's range, 3.4e38 multiplies
+  // a negative one past it: the logit stops at +/- FLT_MAX and sampling goes on.
+  for (float r : {1e-40f, 3.4e38f}) {
+    CAPTURE(r);
+    std::vector<float> row{2.0f, -2.0f, 0.5f};
+    const SamplingParams p{.repetition_penalty = r};
+    const std::vector<std::int32_t> prompt{0, 1};
+    serve::apply_penalties(row, 3, p, prompt, {});
+    for (float l : row) CHECK(std::isfinite(l));
+    CHECK(serve::sample_token(row, 3, p, 0, 0) == (r < 1.0f ? 0 : 2));
+  }
+}
+
 }  // namespace serve_sampler_test

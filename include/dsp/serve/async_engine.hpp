@@ -84,7 +84,8 @@ struct NewRequest {
 
 /// AsyncEngine's limits.
 struct AsyncEngineConfig {
-  /// Requests waiting (submitted, not yet running) at most; submit beyond it throws ServerBusy.
+  /// Requests waiting at most: submitted and not yet given their first token (queued, or in
+  /// prefill); submit beyond it throws ServerBusy.
   std::int64_t max_queue = 256;
   /// With several ranks, the longest an idle driver waits before an (empty) step.
   std::chrono::milliseconds idle_step{20};
@@ -111,10 +112,9 @@ class AsyncEngine {
       const std::lock_guard lock(mutex_);
       if (draining_) throw ServerBusy("the server is shutting down and takes no new requests");
       if (failed_) throw ServerBusy("the serving engine stopped: " + *failed_);
-      const std::int64_t waiting = stats_.waiting + added_since_step_;
       const auto n = static_cast<std::int64_t>(requests.size());
-      if (waiting + n > config_.max_queue)
-        throw ServerBusy(dsp::detail::concat("the server is busy: ", waiting, " requests are waiting (--max-queue ",
+      if (waiting_ + n > config_.max_queue)
+        throw ServerBusy(dsp::detail::concat("the server is busy: ", waiting_, " requests are waiting for their first token (--max-queue ",
                                              config_.max_queue, "); retry later"));
       const auto now = Clock::now();
       try {
@@ -122,9 +122,10 @@ class AsyncEngine {
           ids.push_back(engine_->add_request(std::move(r.prompt), r.params));
           tracked_[ids.back()] = Tracked{queue, now, now, false};
           ++added_since_step_;
+          ++waiting_;
         }
       } catch (...) {
-        for (const auto& id : ids) engine_->abort(id);
+        for (const auto& id : ids) engine_->abort(id);  // they end (and leave waiting_) at the next step
         throw;
       }
     }
@@ -175,6 +176,13 @@ class AsyncEngine {
       throw;
     }
     if (driver) fail_all("the engine was shut down");
+  }
+
+  /// Requests submitted that have not had their first token yet (queued or in prefill): what
+  /// max_queue bounds (driver; thread-safe).
+  std::int64_t waiting() const {
+    const std::lock_guard lock(mutex_);
+    return waiting_;
   }
 
   /// The engine's counters as of the last step (driver; thread-safe).
@@ -245,6 +253,7 @@ class AsyncEngine {
       const auto it = tracked_.find(out.id);
       if (it == tracked_.end()) continue;
       Tracked& t = it->second;
+      if (!t.first_token && (!out.new_tokens.empty() || out.finished())) --waiting_;
       if (!out.new_tokens.empty()) {
         const double since = std::chrono::duration<double>(now - (t.first_token ? t.last_token : t.arrival)).count();
         (t.first_token ? itl_ : ttft_).observe(since);
@@ -266,6 +275,7 @@ class AsyncEngine {
     failed_ = message;
     for (auto& [id, t] : tracked_) t.queue->fail(message);
     tracked_.clear();
+    waiting_ = 0;
   }
 
   Engine<Policy>* engine_;
@@ -274,7 +284,8 @@ class AsyncEngine {
   mutable std::mutex mutex_;  // everything below
   std::condition_variable work_;
   EngineStats stats_;
-  std::int64_t added_since_step_ = 0;
+  std::int64_t added_since_step_ = 0;  // submitted since the last step began (wakes the driver)
+  std::int64_t waiting_ = 0;           // tracked requests without their first token (the queue bound)
   bool draining_ = false;
   std::optional<std::string> failed_;
   std::map<std::string, Tracked> tracked_;

@@ -146,7 +146,7 @@ class Engine {
     for (auto t : prompt)
       DSP_CHECK_AS(InputError, t >= 0 && t < vocab, "prompt token id ", t, " is outside the vocabulary [0, ", vocab, ")");
     const auto len = static_cast<std::int64_t>(prompt.size());
-    DSP_CHECK_AS(InputError, len + params.max_tokens <= config_.max_model_len, "the prompt of ", len,
+    DSP_CHECK_AS(InputError, params.max_tokens <= config_.max_model_len - len, "the prompt of ", len,
                  " tokens plus max_tokens ", params.max_tokens, " exceeds --max-model-len ", config_.max_model_len);
     const std::lock_guard lock(mutex_);
     DSP_CHECK(!shutdown_requested_, "Engine::add_request after shutdown()");

@@ -11,6 +11,7 @@
 // best_of != n, suffix, logit_bias, tools) are refused rather than ignored; fields it does not
 // know are ignored, as OpenAI's API ignores them.
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -61,7 +62,14 @@ struct ServedModel {
   std::string name;                 ///< --served-model-name
   std::int64_t vocab_size = 256;    ///< token ids must lie in [0, vocab_size)
   std::int64_t max_model_len = 0;   ///< prompt + max_tokens at most
+  /// Completions one request may ask for (prompts x n) at most: the server's --max-queue, as a
+  /// request over it could never be queued.
+  std::int64_t max_choices = 256;
 };
+
+/// At most this many stop strings of at most this many bytes, and stop token ids, per request
+/// (OpenAI allows 4 strings; vLLM sets no limit, and every string is matched at every token).
+inline constexpr std::size_t max_stop_strings = 16, max_stop_string_bytes = 512, max_stop_token_ids = 1024;
 
 /// A parsed request: its prompts (token ids) and how to sample each of its n choices.
 struct ParsedRequest {
@@ -113,15 +121,27 @@ inline std::optional<double> number(const nlohmann::json& body, std::string_view
   return v->get<double>();
 }
 
+// v as an integer: a JSON integer within int64, or a number with no fraction (16.0).
+inline std::optional<std::int64_t> as_integer(const nlohmann::json& v) {
+  if (v.is_number_unsigned()) {
+    const auto u = v.get<std::uint64_t>();
+    if (u > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) return std::nullopt;
+    return static_cast<std::int64_t>(u);
+  }
+  if (v.is_number_integer()) return v.get<std::int64_t>();
+  if (v.is_number_float()) {
+    const double d = v.get<double>();
+    if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.0e15) return static_cast<std::int64_t>(d);
+  }
+  return std::nullopt;
+}
+
 inline std::optional<std::int64_t> integer(const nlohmann::json& body, std::string_view name) {
   const nlohmann::json* v = field(body, name);
   if (!v) return std::nullopt;
-  if (v->is_number_integer()) return v->get<std::int64_t>();
-  if (v->is_number_float()) {  // 16.0 is an integer; 16.5 is not
-    const double d = v->get<double>();
-    if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.0e15) return static_cast<std::int64_t>(d);
-  }
-  throw bad(name, concat("'", name, "' must be an integer, got ", v->is_number() ? v->dump() : type_name(*v)));
+  if (auto i = as_integer(*v)) return i;
+  throw bad(name, concat("'", name, "' must be an integer", v->is_number() ? " within 64 bits, got " : ", got ",
+                         v->is_number() ? v->dump() : type_name(*v)));
 }
 
 inline std::optional<bool> boolean(const nlohmann::json& body, std::string_view name) {
@@ -142,8 +162,9 @@ inline std::vector<std::int32_t> token_ids(const nlohmann::json& a, std::string_
   std::vector<std::int32_t> ids;
   ids.reserve(a.size());
   for (const auto& t : a) {
-    if (!t.is_number_integer()) throw bad(name, concat("'", name, "' token ids must be integers, got ", type_name(t)));
-    const auto id = t.get<std::int64_t>();
+    const auto i = as_integer(t);
+    if (!i) throw bad(name, concat("'", name, "' token ids must be integers, got ", t.is_number() ? t.dump() : type_name(t)));
+    const std::int64_t id = *i;
     if (id < 0 || id >= vocab)
       throw bad(name, concat("token id ", id, " in '", name, "' is outside the vocabulary [0, ", vocab, ")"));
     ids.push_back(static_cast<std::int32_t>(id));
@@ -230,18 +251,33 @@ inline std::vector<ChatMessage> chat_messages(const nlohmann::json& body) {
   return messages;
 }
 
+// Fields this server does not implement: refused when they ask for something other than
+// the default, so that a client never gets silently different behaviour.
 inline void refuse_unsupported(const nlohmann::json& body, std::int64_t n) {
-  if (boolean(body, "echo").value_or(false)) throw bad("echo", "'echo' is not supported by this server");
-  if (const auto best_of = integer(body, "best_of"); best_of && *best_of != n)
-    throw bad("best_of", concat("'best_of' other than n is not supported by this server, got ", *best_of));
-  if (const nlohmann::json* s = field(body, "suffix"); s && !(s->is_string() && s->get_ref<const std::string&>().empty()))
-    throw bad("suffix", "'suffix' is not supported by this server");
-  if (const nlohmann::json* b = field(body, "logit_bias"); b && !(b->is_object() && b->empty()))
-    throw bad("logit_bias", "'logit_bias' is not supported by this server");
-  for (const char* f : {"tools", "functions", "tool_choice", "response_format"})
-    if (const nlohmann::json* v = field(body, f); v && !(v->is_array() && v->empty()) && !(v->is_string() && *v == "none") &&
-                                                  !(v->is_object() && v->value("type", "") == "text"))
-      throw bad(f, concat("'", f, "' is not supported by this server"));
+  const auto refuse = [](std::string_view f) { throw bad(f, concat("'", f, "' is not supported by this server")); };
+  if (const nlohmann::json* v = field(body, "echo"); v && *v != false) refuse("echo");
+  if (const nlohmann::json* v = field(body, "best_of"); v && !(as_integer(*v) == n))
+    throw bad("best_of", concat("'best_of' other than n (", n, ") is not supported by this server, got ", v->dump()));
+  if (const nlohmann::json* v = field(body, "suffix"); v && *v != "") refuse("suffix");
+  if (const nlohmann::json* v = field(body, "logit_bias"); v && !(v->is_object() && v->empty())) refuse("logit_bias");
+  for (const char* f : {"tools", "functions"})
+    if (const nlohmann::json* v = field(body, f); v && !(v->is_array() && v->empty())) refuse(f);
+  for (const char* f : {"tool_choice", "function_call"})
+    if (const nlohmann::json* v = field(body, f); v && *v != "none") refuse(f);
+  if (const nlohmann::json* v = field(body, "response_format"); v && !(v->is_object() && v->size() == 1 && v->value("type", nlohmann::json()) == "text"))
+    refuse("response_format");
+  // vLLM's own request fields.
+  if (const nlohmann::json* v = field(body, "min_tokens"); v && *v != 0) refuse("min_tokens");
+  for (const char* f : {"include_stop_str_in_output", "skip_special_tokens", "spaces_between_special_tokens",
+                        "add_special_tokens", "use_beam_search", "return_tokens_as_token_ids"})
+    if (const nlohmann::json* v = field(body, f); v && *v != (std::string_view(f) == "skip_special_tokens" ||
+                                                             std::string_view(f) == "spaces_between_special_tokens"))
+      refuse(f);
+  for (const char* f : {"allowed_token_ids", "prompt_logprobs", "truncate_prompt_tokens", "guided_json", "guided_regex",
+                        "guided_choice", "guided_grammar", "guided_decoding_backend", "structured_outputs",
+                        "logits_processors", "length_penalty"})
+    if (field(body, f)) refuse(f);
+  if (const nlohmann::json* v = field(body, "bad_words"); v && !(v->is_array() && v->empty())) refuse("bad_words");
 }
 
 // The sampling fields common to both endpoints.
@@ -269,13 +305,20 @@ inline SamplingParams sampling(const nlohmann::json& body, ParsedRequest& r) {
     } else {
       throw bad("stop", concat("'stop' must be a string or an array of strings, got ", type_name(*s)));
     }
+    if (p.stop.size() > max_stop_strings)
+      throw bad("stop", concat("'stop' holds ", p.stop.size(), " strings; at most ", max_stop_strings, " are allowed"));
+    for (const auto& stop : p.stop)
+      if (stop.size() > max_stop_string_bytes)
+        throw bad("stop", concat("'stop' holds a string of ", stop.size(), " bytes; at most ", max_stop_string_bytes, " are allowed"));
   }
   if (const nlohmann::json* s = field(body, "stop_token_ids")) {
     if (!s->is_array()) throw bad("stop_token_ids", concat("'stop_token_ids' must be an array of integers, got ", type_name(*s)));
+    if (s->size() > max_stop_token_ids)
+      throw bad("stop_token_ids", concat("'stop_token_ids' holds ", s->size(), " ids; at most ", max_stop_token_ids, " are allowed"));
     for (const auto& e : *s) {
-      if (!e.is_number_integer())
-        throw bad("stop_token_ids", concat("'stop_token_ids' must hold integers; it holds ", type_name(e)));
-      const auto id = e.get<std::int64_t>();
+      const auto i = as_integer(e);
+      if (!i) throw bad("stop_token_ids", concat("'stop_token_ids' must hold integers; it holds ", e.is_number() ? e.dump() : type_name(e)));
+      const std::int64_t id = *i;
       if (id < 0 || id > std::numeric_limits<std::int32_t>::max())
         throw bad("stop_token_ids", concat("'stop_token_ids' holds ", id, ", not a token id"));
       p.stop_token_ids.push_back(static_cast<std::int32_t>(id));
@@ -299,13 +342,22 @@ inline void check_lengths(const ParsedRequest& r, const ServedModel& m, const ch
   for (std::size_t i = 0; i < r.prompts.size(); ++i) {
     const auto len = static_cast<std::int64_t>(r.prompts[i].size());
     const std::int64_t max_tokens = r.params[i].max_tokens;
-    if (len + max_tokens > m.max_model_len)
+    if (max_tokens > m.max_model_len - len)  // (len + max_tokens could overflow)
       throw ApiError(400,
                      concat("This model's maximum context length is ", m.max_model_len, " tokens. However, you requested ",
-                            len + max_tokens, " tokens (", len, " in the prompt, ", max_tokens,
+                            max_tokens <= std::numeric_limits<std::int64_t>::max() - len ? concat(len + max_tokens) : concat("over ", m.max_model_len),
+                            " tokens (", len, " in the prompt, ", max_tokens,
                             " for the completion). Please reduce the prompt or max_tokens."),
                      prompt_field, "context_length_exceeded");
   }
+}
+
+// prompts x n within what the server can queue.
+inline void check_choices(const ParsedRequest& r, const ServedModel& m) {
+  const auto total = static_cast<std::int64_t>(r.prompts.size()) * r.n;
+  if (total > m.max_choices)
+    throw bad("n", concat("the request asks for ", total, " completions (", r.prompts.size(), " prompts x n ", r.n,
+                          "); this server takes at most ", m.max_choices, " at once (--max-queue)"));
 }
 
 inline void validated(const SamplingParams& p) {
@@ -350,6 +402,7 @@ inline ParsedRequest parse_completion_request(const nlohmann::json& body, const 
     p.logprobs = *v;
   }
   refuse_unsupported(body, r.n);
+  check_choices(r, m);
   validated(p);
   r.params.assign(r.prompts.size(), p);
   check_lengths(r, m, "prompt");
@@ -369,7 +422,10 @@ inline ParsedRequest parse_chat_request(const nlohmann::json& body, const Served
   SamplingParams p = sampling(body, r);
   const auto prompt_len = static_cast<std::int64_t>(r.prompts[0].size());
   std::optional<std::int64_t> max_tokens = integer(body, "max_completion_tokens");
+  const char* max_tokens_field = max_tokens ? "max_completion_tokens" : "max_tokens";
   if (!max_tokens) max_tokens = integer(body, "max_tokens");
+  if (max_tokens && *max_tokens < 1)
+    throw bad(max_tokens_field, concat(max_tokens_field, " must be >= 1, got ", *max_tokens));
   if (!max_tokens && prompt_len >= m.max_model_len)
     throw ApiError(400,
                    concat("This model's maximum context length is ", m.max_model_len, " tokens. However, your messages are ",
@@ -382,6 +438,7 @@ inline ParsedRequest parse_chat_request(const nlohmann::json& body, const Served
   if (top && !r.chat_logprobs) throw bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
   if (r.chat_logprobs) p.logprobs = top.value_or(0);
   refuse_unsupported(body, r.n);
+  check_choices(r, m);
   validated(p);
   r.params.push_back(p);
   check_lengths(r, m, "messages");

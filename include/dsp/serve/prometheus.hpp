@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -20,13 +21,20 @@
 namespace dsp::serve::prometheus {
 
 namespace detail {
-// A sample value as Prometheus reads it: integers without a fraction, +Inf / -Inf / NaN.
+// A sample value as Prometheus reads it: integers without a fraction, +Inf / -Inf / NaN,
+// others in the fewest digits that read back as the same double (0.0005, not 0.00050000000000000001).
 inline std::string number(double v) {
   if (std::isnan(v)) return "NaN";
   if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
   char buf[64];
-  if (v == std::floor(v) && std::fabs(v) < 1e15) std::snprintf(buf, sizeof buf, "%.0f", v);
-  else std::snprintf(buf, sizeof buf, "%.17g", v);
+  if (v == std::floor(v) && std::fabs(v) < 1e15) {
+    std::snprintf(buf, sizeof buf, "%.0f", v);
+    return buf;
+  }
+  for (int digits = 1; digits <= 17; ++digits) {
+    std::snprintf(buf, sizeof buf, "%.*g", digits, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
   return buf;
 }
 inline void header(std::string& out, std::string_view name, std::string_view help, std::string_view type) {
@@ -41,17 +49,18 @@ inline void gauge(std::string& out, std::string_view name, std::string_view help
   out.append(name).append(" ").append(detail::number(value)).append("\n");
 }
 
-/// Appends a counter `name` (without its `_total` suffix, which the sample gets, as
-/// prometheus_client writes counters): `name_total value`.
+/// Appends a counter `name` (without its `_total` suffix, which prometheus_client's text
+/// format puts on the HELP and TYPE lines and the sample alike): `name_total value`.
 inline void counter(std::string& out, std::string_view name, std::string_view help, double value) {
-  detail::header(out, name, help, "counter");
-  out.append(name).append("_total ").append(detail::number(value)).append("\n");
+  const std::string total = std::string(name) + "_total";
+  detail::header(out, total, help, "counter");
+  out.append(total).append(" ").append(detail::number(value)).append("\n");
 }
 
 /// Appends a counter with one label: one sample `name_total{label="value"} count` per entry.
 inline void counter(std::string& out, std::string_view name, std::string_view help, std::string_view label,
                     const std::vector<std::pair<std::string, double>>& values) {
-  detail::header(out, name, help, "counter");
+  detail::header(out, std::string(name) + "_total", help, "counter");
   for (const auto& [v, count] : values)
     out.append(name).append("_total{").append(label).append("=\"").append(v).append("\"} ").append(detail::number(count)).append("\n");
 }

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <numeric>
 #include <span>
 #include <vector>
@@ -113,7 +114,9 @@ inline TokenLogprobs token_logprobs(std::span<const float> logits_row, std::int6
 /// the repetition penalty r to every token in `prompt` or `output` (logit / r when positive,
 /// logit x r otherwise), then to every token in `output` the frequency penalty times its count
 /// and the presence penalty once. Only the first `vocab` entries are touched; ids outside
-/// [0, vocab) in the lists are ignored.
+/// [0, vocab) in the lists are ignored. A result beyond fp32's range saturates at +/- FLT_MAX
+/// (a repetition penalty of 1e-40 divides a logit past it), so that no request's values can
+/// make a logit infinite, which sample_token refuses as a diverged model.
 inline void apply_penalties(std::span<float> logits_row, std::int64_t vocab, const SamplingParams& params,
                             std::span<const std::int32_t> prompt, std::span<const std::int32_t> output) {
   if (!params.penalised()) return;
@@ -133,6 +136,7 @@ inline void apply_penalties(std::span<float> logits_row, std::int64_t vocab, con
       l = l > 0.0f ? l / params.repetition_penalty : l * params.repetition_penalty;
     if (count[i] > 0)
       l -= params.frequency_penalty * static_cast<float>(count[i]) + params.presence_penalty;
+    l = std::clamp(l, -std::numeric_limits<float>::max(), std::numeric_limits<float>::max());
   }
 }
 
