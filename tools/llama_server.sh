@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The llama.cpp peer of dsp's server: llama.cpp's own `llama-server`, built from source, serving
 # a merged dsp checkpoint converted to GGUF, so the two servers can be compared on the same cores
-# (tools/LLAMA_SERVER.md: what is compared, the checks, the caveats).
+# (docs/llama_server.md: what is compared, the checks, the caveats).
 #
 #   tools/llama_server.sh build
 #       Downloads the llama-cpp-python source distribution (pinned below; its vendor/llama.cpp is
