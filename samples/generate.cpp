@@ -83,11 +83,7 @@ int main(int argc, char** argv) {
     }
     const dsp::serve::EngineConfig config = serving.config();
     const auto model_config = dsp::checkpoint::read_model_config(load);
-    int tp = serving.tensor_parallel;
-    if (tp <= 0) tp = dsp::checkpoint::read_manifest(load).meta.layout.tensor;
-    const int ep = serving.expert_parallel;
-    DSP_CHECK_AS(dsp::ConfigError, ep == 1 || model_config.is_moe(), "--expert-parallel-size ", ep,
-                 " needs an MoE model; this checkpoint's is dense");
+    const auto [tp, ep] = serving.parallel_sizes(load, model_config);
     std::vector<Result> results(prompts.size());
     bool driver_process = false;  // under mpiexec only rank 0's process prints the results
     samples::run_ranks(tp * ep, [&]<class Comm>(Comm& world) {

@@ -49,11 +49,7 @@ int main(int argc, char** argv) {
     model_dir = dsp::checkpoint::resolve_checkpoint(model_dir).string();  // a folder of iter_* checkpoints: its latest
     const dsp::serve::EngineConfig config = serving.config();
     const auto model_config = dsp::checkpoint::read_model_config(model_dir);
-    int tp = serving.tensor_parallel;
-    if (tp <= 0) tp = dsp::checkpoint::read_manifest(model_dir).meta.layout.tensor;
-    const int ep = serving.expert_parallel;
-    DSP_CHECK_AS(dsp::ConfigError, ep == 1 || model_config.is_moe(), "--expert-parallel-size ", ep,
-                 " needs an MoE model; this checkpoint's is dense");
+    const auto [tp, ep] = serving.parallel_sizes(model_dir, model_config);
     // Streams open at once: every running and waiting request may hold an HTTP thread.
     http.threads = static_cast<std::size_t>(std::min<std::int64_t>(config.max_num_seqs + max_queue, 1024) + 8);
     const dsp::serve::openai::ServedModel served{served_name.empty() ? given : served_name, model_config.vocab_size,

@@ -5,11 +5,14 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include <CLI/CLI.hpp>
 
 #include "cli.hpp"
 #include "dsp/backend/paged_kv.hpp"
+#include "dsp/checkpoint/manifest.hpp"
+#include "dsp/model/config.hpp"
 #include "dsp/serve/engine_config.hpp"
 
 namespace samples {
@@ -48,6 +51,15 @@ struct ServingFlags {
         ->check(CLI::IsMember({"fp32", "bf16", "fp16", "auto"}));
     app.add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", engine.enable_prefix_caching,
                  "share the KV blocks of common prompt prefixes between requests");
+  }
+
+  /// The serving ranks for the checkpoint in `dir` of model `m`: {TP (the checkpoint's when not
+  /// given), EP}. Throws ConfigError for EP > 1 on a dense model.
+  std::pair<int, int> parallel_sizes(const std::string& dir, const dsp::model::ModelConfig& m) const {
+    const int tp = tensor_parallel > 0 ? tensor_parallel : dsp::checkpoint::read_manifest(dir).meta.layout.tensor;
+    DSP_CHECK_AS(dsp::ConfigError, expert_parallel == 1 || m.is_moe(), "--expert-parallel-size ", expert_parallel,
+                 " needs an MoE model; this checkpoint's is dense");
+    return {tp, expert_parallel};
   }
 
   /// The engine config the flags give (validated).

@@ -14,24 +14,15 @@ namespace {
 
 const std::string fffd = "\xEF\xBF\xBD";
 
-// UTF-8 of code point cp (a scalar value), written from the definition (Table 3-6).
+// UTF-8 of code point cp (a scalar value), from the definition (Table 3-6): n - 1
+// continuation bytes of 6 bits each, low bits last, and a lead byte of n one bits, a zero, and
+// the rest.
 std::string encode(std::uint32_t cp) {
-  std::string s;
-  if (cp < 0x80) {
-    s += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    s += static_cast<char>(0xC0 | (cp >> 6));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    s += static_cast<char>(0xE0 | (cp >> 12));
-    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    s += static_cast<char>(0xF0 | (cp >> 18));
-    s += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  }
+  const int n = cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
+  if (n == 1) return std::string(1, static_cast<char>(cp));
+  std::string s(static_cast<std::size_t>(n), '\0');
+  for (int i = n - 1; i > 0; --i, cp >>= 6) s[static_cast<std::size_t>(i)] = static_cast<char>(0x80 | (cp & 0x3F));
+  s[0] = static_cast<char>(((0xFF00 >> n) & 0xFF) | cp);
   return s;
 }
 

@@ -379,9 +379,13 @@ inline void check_model(const nlohmann::json& body, const ServedModel& m, Parsed
                    "model", "model_not_found");
 }
 
-inline const nlohmann::json& object(const nlohmann::json& body) {
+// A request of `kind` whose body is a JSON object naming this model (or none).
+inline ParsedRequest begin(ParsedRequest::Kind kind, const nlohmann::json& body, const ServedModel& m) {
   if (!body.is_object()) throw ApiError(400, concat("the request body must be a JSON object, got ", type_name(body)));
-  return body;
+  ParsedRequest r;
+  r.kind = kind;
+  check_model(body, m, r);
+  return r;
 }
 
 }  // namespace detail
@@ -390,10 +394,7 @@ inline const nlohmann::json& object(const nlohmann::json& body) {
 /// ApiError (400, or 404 for another model's name) as the header says.
 inline ParsedRequest parse_completion_request(const nlohmann::json& body, const ServedModel& m) {
   using namespace detail;
-  ParsedRequest r;
-  r.kind = ParsedRequest::Kind::Completion;
-  object(body);
-  check_model(body, m, r);
+  ParsedRequest r = begin(ParsedRequest::Kind::Completion, body, m);
   r.prompts = completion_prompts(body, m.vocab_size);
   SamplingParams p = sampling(body, r);
   p.max_tokens = integer(body, "max_tokens").value_or(16);
@@ -414,10 +415,7 @@ inline ParsedRequest parse_completion_request(const nlohmann::json& body, const 
 /// to what the model length leaves after the prompt (vLLM's default). Throws ApiError.
 inline ParsedRequest parse_chat_request(const nlohmann::json& body, const ServedModel& m) {
   using namespace detail;
-  ParsedRequest r;
-  r.kind = ParsedRequest::Kind::Chat;
-  object(body);
-  check_model(body, m, r);
+  ParsedRequest r = begin(ParsedRequest::Kind::Chat, body, m);
   r.prompts.push_back(text_ids(chat_prompt(chat_messages(body)), "messages", m.vocab_size));
   SamplingParams p = sampling(body, r);
   const auto prompt_len = static_cast<std::int64_t>(r.prompts[0].size());
