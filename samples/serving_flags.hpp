@@ -37,6 +37,10 @@ struct ServingFlags {
     app.add_option("--max-num-batched-tokens", engine.max_num_batched_tokens,
                    "tokens per forward pass at most (longer prompts are prefilled in chunks)")
         ->check(at_least(1));
+    app.add_option("--prefill-decode-ratio", engine.prefill_decode_ratio,
+                   "in a step with decodes, prompt tokens at most this many per decode (at least 16), so that new "
+                   "prompts do not stall running requests; 0: no cap but --max-num-batched-tokens")
+        ->check(CLI::NonNegativeNumber);
     app.add_option("--max-model-len", engine.max_model_len,
                    "prompt + generated tokens of a request at most (default: the model's --seq-length)")
         ->check(at_least(1));
