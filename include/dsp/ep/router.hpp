@@ -7,7 +7,8 @@
 // both optionally group-limited (Hugging Face modeling_deepseek MoEGate, n_group/topk_group)
 // and scaled by routed_scaling_factor. Router math is fp32 with fp64 sums.
 //   scores s = softmax(z) or sigmoid(z)        z: logits [tokens, E]
-//   chosen   = topk_k(s + bias, groups masked)  (ties to the lower expert index)
+//   chosen   = topk_k(s + bias, groups masked)  (ties to the lower expert index; a group scores
+//              the sum of its top-2, or its top-1 with GroupScore::Max, as DeepSeek-V3 / -V2)
 //   weights  = scale * s[chosen] (/ sum s[chosen] when normalising)
 #include <cmath>
 #include <cstdint>
@@ -35,6 +36,9 @@ struct RouterConfig {
   std::int64_t num_groups = 1;   ///< expert groups (--moe-router-num-groups / n_group)
   std::int64_t group_topk = 1;   ///< groups kept per token (--moe-router-group-topk / topk_group)
   float routed_scaling_factor = 1.0f;  ///< multiplies every gate weight (routed_scaling_factor)
+  /// How a group is scored: TopTwoSum (DeepSeek-V3, topk_method noaux_tc) or Max (DeepSeek-V2,
+  /// topk_method group_limited_greedy).
+  backend::GroupScore group_score = backend::GroupScore::TopTwoSum;
 
   /// Whether the k weights are divided by their sum: norm_topk_prob, or Sigmoid scores
   /// (V3 eq. 13), and only for k > 1 (as Hugging Face and Megatron: one weight stays s_e).
@@ -110,7 +114,7 @@ Routing route(const RouterConfig& cfg, std::span<const float> logits, std::span<
   if (cfg.score == ScoreFunction::Softmax) softmax_forward(Backend{}, logits.data(), r.tokens, e, e, r.scores.data());
   else sigmoid_forward(Backend{}, size, logits.data(), r.scores.data());
   router_topk(Backend{}, r.scores.data(), bias.empty() ? nullptr : bias.data(), r.tokens, e, cfg.num_groups,
-              cfg.group_topk, k, r.experts.data());
+              cfg.group_topk, k, r.experts.data(), cfg.group_score);
   router_gate_weights(Backend{}, r.scores.data(), r.experts.data(), r.tokens, e, k, cfg.normalizes(),
                       cfg.routed_scaling_factor, r.weights.data());
   return r;

@@ -39,6 +39,9 @@ struct ModelConfig {
   std::int64_t moe_router_group_topk = 1;   ///< --moe-router-group-topk (topk_group)
   float moe_router_topk_scaling_factor = 1.0f;  ///< --moe-router-topk-scaling-factor (routed_scaling_factor)
   bool moe_router_enable_expert_bias = false;  ///< --moe-router-enable-expert-bias (topk_method noaux_tc)
+  /// How group-limited routing scores a group: the sum of its top-2 (DeepSeek-V3, Megatron) or
+  /// its top-1 (DeepSeek-V2, topk_method group_limited_greedy).
+  backend::GroupScore moe_router_group_score = backend::GroupScore::TopTwoSum;
 
   /// --use-flash-attn: attention keeps each query's log-sum-exp [batch, heads/tp, seq] for
   /// backward instead of the probabilities [batch, heads/tp, seq, seq] and recomputes them
@@ -58,7 +61,7 @@ struct ModelConfig {
   /// The router of the MoE layers.
   ep::RouterConfig router() const {
     return {num_experts, moe_router_topk, moe_router_score_function, moe_router_norm_topk_prob,
-            moe_router_num_groups, moe_router_group_topk, moe_router_topk_scaling_factor};
+            moe_router_num_groups, moe_router_group_topk, moe_router_topk_scaling_factor, moe_router_group_score};
   }
 
   /// Throws ConfigError naming both numbers when a size does not divide (or is not positive).
@@ -154,7 +157,10 @@ struct ModelConfig {
     j["n_group"] = moe_router_num_groups;
     j["topk_group"] = moe_router_group_topk;
     j["routed_scaling_factor"] = moe_router_topk_scaling_factor;
-    j["topk_method"] = moe_router_enable_expert_bias ? "noaux_tc" : "greedy";  // noaux_tc: with e_score_correction_bias
+    // noaux_tc: with e_score_correction_bias; group_limited_greedy: groups scored by their best
+    j["topk_method"] = moe_router_enable_expert_bias                            ? "noaux_tc"
+                       : moe_router_group_score == backend::GroupScore::Max ? "group_limited_greedy"
+                                                                            : "greedy";
     return j;
   }
   /// Inverse of to_hf_json; throws ConfigError naming a missing field.
@@ -190,7 +196,9 @@ struct ModelConfig {
     c.moe_router_num_groups = j.value("n_group", std::int64_t{1});
     c.moe_router_group_topk = j.value("topk_group", std::int64_t{1});
     c.moe_router_topk_scaling_factor = j.value("routed_scaling_factor", 1.0f);
-    c.moe_router_enable_expert_bias = j.value("topk_method", std::string()) == "noaux_tc";
+    const std::string topk_method = j.value("topk_method", std::string());
+    c.moe_router_enable_expert_bias = topk_method == "noaux_tc";
+    if (topk_method == "group_limited_greedy") c.moe_router_group_score = backend::GroupScore::Max;
     return c;
   }
   bool operator==(const ModelConfig&) const = default;

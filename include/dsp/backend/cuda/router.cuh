@@ -35,11 +35,11 @@ template <int = 0>
 __global__ void router_topk_kernel(const float* scores, const float* bias, std::int64_t tokens, std::int64_t experts,
                                    std::int64_t groups, std::int64_t group_topk, std::int64_t top_k, float* biased,
                                    float* group_score, std::int32_t* group_order, std::int32_t* chosen,
-                                   unsigned long long* nan_at) {
+                                   GroupScore how, unsigned long long* nan_at) {
   for (const std::int64_t t : grid_stride(tokens)) {
     const std::int64_t e = route_token(scores + t * experts, bias, experts, groups, group_topk, top_k,
                                        biased + t * experts, group_score + t * groups, group_order + t * groups,
-                                       chosen + t * top_k);
+                                       chosen + t * top_k, how);
     if (e >= 0) report_index(nan_at, t * experts + e);
   }
 }
@@ -171,11 +171,13 @@ __global__ void capacity_drop_kernel(const std::int64_t* sorted_slots, const std
 }  // namespace detail
 
 /// The Host router_topk on b.stream: chosen [tokens, top_k] from scores [tokens, experts] and
-/// bias [experts] (or nullptr), group-limited when group_topk < groups. Waits for b.stream to
+/// bias [experts] (or nullptr), group-limited when group_topk < groups, groups scored as `how`
+/// says. Waits for b.stream to
 /// check for NaN scores: throws Error naming the first token and expert with one, as the Host
 /// op does.
 inline void router_topk(Cuda b, const float* scores, const float* bias, std::int64_t tokens, std::int64_t experts,
-                        std::int64_t groups, std::int64_t group_topk, std::int64_t top_k, std::int32_t* chosen) {
+                        std::int64_t groups, std::int64_t group_topk, std::int64_t top_k, std::int32_t* chosen,
+                        GroupScore how = GroupScore::TopTwoSum) {
   if (tokens == 0) return;
   const memory::CategoryScope scope(memory::Category::Workspace);
   DeviceBuffer<float> biased(b, std::size_t(tokens * experts)), group_score(b, std::size_t(tokens * groups));
@@ -183,7 +185,7 @@ inline void router_topk(Cuda b, const float* scores, const float* bias, std::int
   detail::FirstIndex nan_at(b);
   detail::router_topk_kernel<<<detail::elementwise_blocks(tokens), detail::kBlockThreads, 0, b.stream>>>(
       scores, bias, tokens, experts, groups, group_topk, top_k, biased.data(), group_score.data(),
-      group_order.data(), chosen, nan_at.data());
+      group_order.data(), chosen, how, nan_at.data());
   DSP_CUDA_CHECK(cudaGetLastError());
   const std::int64_t at = nan_at.read();
   DSP_CHECK(at < 0, "router: NaN score for token ", at / experts, " expert ", at % experts);

@@ -17,6 +17,12 @@
 
 namespace dsp::backend {
 
+/// How a group of experts is scored for group-limited routing: the sum of its two best biased
+/// scores (DeepSeek-V3's noaux_tc; one best for groups of one expert) or its best score
+/// (DeepSeek-V2's group_limited_greedy), as transformers' DeepseekV3TopkRouter and
+/// DeepseekV2TopkRouter compute them.
+enum class GroupScore { TopTwoSum, Max };
+
 namespace detail {
 
 /// True when index a ranks before index b in v: a higher value, or an equal value and a lower
@@ -45,7 +51,7 @@ DSP_HOST_DEVICE inline void select_top(const float* v, std::int64_t n, std::int6
 DSP_HOST_DEVICE inline std::int64_t route_token(const float* scores, const float* bias, std::int64_t experts,
                                                 std::int64_t groups, std::int64_t group_topk, std::int64_t top_k,
                                                 float* biased, float* group_score, std::int32_t* group_order,
-                                                std::int32_t* chosen) {
+                                                std::int32_t* chosen, GroupScore how = GroupScore::TopTwoSum) {
   for (std::int64_t e = 0; e < experts; ++e) {
     biased[e] = scores[e] + (bias ? bias[e] : 0.0f);
     if (biased[e] != biased[e]) return e;  // NaN
@@ -62,7 +68,7 @@ DSP_HOST_DEVICE inline std::int64_t route_token(const float* scores, const float
           second = biased[e];
         }
       }
-      group_score[g] = per_group >= 2 ? first + second : first;
+      group_score[g] = per_group >= 2 && how == GroupScore::TopTwoSum ? first + second : first;
     }
     select_top(group_score, groups, group_topk, group_order);
     for (std::int64_t g = 0; g < groups; ++g) {
@@ -109,19 +115,20 @@ DSP_HOST_DEVICE inline void gate_weights_backward_token(const float* scores, con
 /// chosen [tokens, top_k] = per token, the top_k experts by biased score scores[e] + bias[e]
 /// (scores [tokens, experts]; bias [experts] or nullptr for none), best first, ties to the lower
 /// index. Group-limited when group_topk < groups: the experts split into `groups` contiguous
-/// groups, a group scores the sum of its top-2 biased scores (its top-1 for groups of one
-/// expert), the group_topk best groups are kept (ties to the lower group) and every other
+/// groups, a group scores as `how` says (the sum of its top-2 biased scores, its top-1 for
+/// groups of one expert; or its top-1), the group_topk best groups are kept (ties to the lower group) and every other
 /// expert is masked to -inf, so it can never be chosen, even when all biased scores are
 /// negative. Requires experts % groups == 0 and top_k <= group_topk * experts / groups (the
 /// caller validates). Throws Error for a NaN biased score. Overwrites chosen.
 inline void router_topk(Host, const float* scores, const float* bias, std::int64_t tokens, std::int64_t experts,
-                        std::int64_t groups, std::int64_t group_topk, std::int64_t top_k, std::int32_t* chosen) {
+                        std::int64_t groups, std::int64_t group_topk, std::int64_t top_k, std::int32_t* chosen,
+                        GroupScore how = GroupScore::TopTwoSum) {
   std::vector<float> biased(static_cast<std::size_t>(experts)), group_score(static_cast<std::size_t>(groups));
   std::vector<std::int32_t> group_order(static_cast<std::size_t>(groups));
   for (std::int64_t t = 0; t < tokens; ++t) {
     const std::int64_t nan_expert = detail::route_token(scores + t * experts, bias, experts, groups, group_topk, top_k,
                                                         biased.data(), group_score.data(), group_order.data(),
-                                                        chosen + t * top_k);
+                                                        chosen + t * top_k, how);
     DSP_CHECK(nan_expert < 0, "router: NaN score for token ", t, " expert ", nan_expert);
   }
 }
