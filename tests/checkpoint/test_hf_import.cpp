@@ -135,7 +135,6 @@ TEST_CASE("hf import: FP8 e4m3 with 128 x 128 block scales dequantises to torch'
   const std::int64_t first = 129 * 140 - 100;  // crosses into the last row
   f.read_elements("weight", first, piece);
   apply_block_scale(f.path().string(), w, scale, {128, 128}, first, piece);
-  CHECK(std::memcmp(piece.data(), want.data() + first, 0) == 0);
   for (std::size_t i = 0; i < piece.size(); ++i) CHECK(piece[i] == want.data()[first + static_cast<std::int64_t>(i)]);
   // A scale of the wrong shape names the file, the tensor and both shapes.
   const std::string e = error_of([&] { apply_block_scale(f.path().string(), w, Tensor({2, 3}), {128, 128}, 0, got.span()); });

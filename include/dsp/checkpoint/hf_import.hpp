@@ -12,8 +12,10 @@
 // into, stacked in the same order. Each rank reads only its shard: the byte ranges of the rows
 // (or row pieces) it holds.
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <filesystem>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <span>
