@@ -144,6 +144,35 @@ TEST_CASE("hf import: FP8 e4m3 with 128 x 128 block scales dequantises to torch'
   CHECK(contains(e, "[2, 3]"));
 }
 
+TEST_CASE("hf import: HfFolder finds an F8_E4M3 tensor's <name>_scale_inv and dequantises it; without it, an error") {
+  const LlamaCopy copy;  // its config.json; the weights file replaced by the FP8 fixture
+  fs::copy_file(fixture("fp8") / "block_scaled.safetensors", copy.dir / "model.safetensors",
+                fs::copy_options::overwrite_existing);
+  const HfFolder folder(copy.dir);
+  const Tensor got = folder.tensor("weight"), want = folder.tensor("dequantized");
+  std::int64_t differ = 0;
+  for (std::int64_t i = 0; i < got.numel(); ++i)
+    differ += !(got.data()[i] == want.data()[i] || (std::isnan(got.data()[i]) && std::isnan(want.data()[i])));
+  CHECK(differ == 0);
+
+  // The FP8 tensor alone, without its scale (write_safetensors writes F32 only: by hand).
+  const SafetensorsFile fp8 = read_safetensors(fixture("fp8") / "block_scaled.safetensors");
+  const SafetensorsEntry& w = fp8.entry("weight");
+  std::string raw(static_cast<std::size_t>(w.end - w.begin), '\0');
+  std::ifstream in(fixture("fp8") / "block_scaled.safetensors", std::ios::binary);
+  in.seekg(static_cast<std::streamoff>(fs::file_size(fixture("fp8") / "block_scaled.safetensors") -
+                                      (fp8.entries().back().end - w.begin)));
+  in.read(raw.data(), static_cast<std::streamsize>(raw.size()));
+  const std::string header = R"({"weight":{"dtype":"F8_E4M3","shape":[130,140],"data_offsets":[0,18200]}})";
+  std::ofstream out(copy.dir / "model.safetensors", std::ios::binary);
+  const std::uint64_t n = header.size();
+  out.write(reinterpret_cast<const char*>(&n), 8);
+  out << header << raw;
+  out.close();
+  CHECK(contains(error_of([&] { HfFolder(copy.dir).tensor("weight"); }),
+                 "model.safetensors: F8_E4M3 tensor 'weight' has no block scale 'weight_scale_inv'"));
+}
+
 TEST_CASE("hf import: fp8 e4m3 decoding of every byte") {
   CHECK(fp8_e4m3::to_float(0x00) == 0.0f);
   CHECK(std::signbit(fp8_e4m3::to_float(0x80)));
