@@ -12,6 +12,12 @@
 //   --- logprobs {"tokens":[id,...],"logprobs":[lp,...],"top":[[[id,lp],...],...]}
 // (each generated token, its log-probability and the N most likely tokens of its step, from
 // the raw logits), which tools/llama_compare.py reads.
+//
+//   dsp-generate --load hf_model --prompt-ids 1,17,42 --prompt-ids 5,6 --logits-file logits.safetensors
+// writes, instead of generating, each --prompt-ids prompt's logits at every position: tensor
+// "logits.<i>" [tokens, vocab] fp32 for prompt i, from one forward pass over the prompt at the
+// serving TP (serve::full_logits). --load takes a dsp checkpoint or a Hugging Face model folder
+// (config.json without manifest.json: imported, each rank reading its slices).
 #include <chrono>
 #include <cstdio>
 #include <map>
@@ -22,8 +28,10 @@
 #include "dsp/backend/host.hpp"
 #include "dsp/checkpoint/iterations.hpp"
 #include "dsp/checkpoint/model_io.hpp"
+#include "dsp/checkpoint/safetensors.hpp"
 #include "dsp/serve/consistency.hpp"
 #include "dsp/serve/engine.hpp"
+#include "dsp/serve/full_logits.hpp"
 
 namespace {
 
@@ -36,18 +44,75 @@ struct Result {
   std::vector<dsp::serve::TokenLogprobs> logprobs;
 };
 
+// "1,17,42" -> {1, 17, 42}; throws InputError naming the flag's value unless it is
+// comma-separated integers in [0, vocab).
+std::vector<std::int32_t> parse_ids(const std::string& text, std::int64_t vocab) {
+  std::vector<std::int32_t> ids;
+  std::size_t at = 0;
+  while (at <= text.size()) {
+    const std::size_t end = std::min(text.find(',', at), text.size());
+    const std::string item = text.substr(at, end - at);
+    std::size_t used = 0;
+    long long id = -1;
+    try {
+      id = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    DSP_CHECK_AS(dsp::InputError, used == item.size() && !item.empty() && id >= 0 && id < vocab, "--prompt-ids '", text,
+                 "': '", item, "' is not a token id in [0, ", vocab, ")");
+    ids.push_back(static_cast<std::int32_t>(id));
+    at = end + 1;
+  }
+  return ids;
+}
+
+// --logits-file: every prompt's logits [tokens, vocab] from one forward pass at the serving TP,
+// written by rank 0 as tensors logits.<i>.
+void write_logits(const std::string& load, const samples::ServingFlags& serving, const std::vector<std::string>& prompt_ids,
+                  const std::string& file) {
+  const auto model_config = dsp::checkpoint::read_model_config(load);
+  std::vector<std::vector<std::int32_t>> prompts;
+  for (const auto& text : prompt_ids) prompts.push_back(parse_ids(text, model_config.vocab_size));
+  const auto [tp, ep] = serving.parallel_sizes(load, model_config);
+  samples::run_ranks(tp * ep, [&]<class Comm>(Comm& world) {
+    using P = dsp::Policy<dsp::backend::Host, Comm>;
+    dsp::DeviceMesh mesh(world, dsp::ParallelLayout{.tensor = tp, .expert = ep});
+    dsp::model::CausalLM<P> model(model_config, mesh, 0);
+    dsp::checkpoint::load_model(load, model);
+    std::vector<dsp::Tensor> logits;
+    for (const auto& ids : prompts) logits.push_back(dsp::serve::full_logits(model, ids));
+    if (world.rank() != 0) return;
+    std::vector<std::pair<std::string, const dsp::Tensor*>> tensors;
+    std::vector<std::string> names;
+    for (std::size_t i = 0; i < logits.size(); ++i) names.push_back("logits." + std::to_string(i));
+    for (std::size_t i = 0; i < logits.size(); ++i) tensors.emplace_back(names[i], &logits[i]);
+    dsp::checkpoint::write_safetensors(file, tensors, {{"format", "pt"}});
+    std::printf("wrote the logits of %zu prompt(s) at TP%d to %s\n", prompts.size(), tp, file.c_str());
+  });
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"dsp-generate: generate text from a dsp checkpoint at any tensor-parallel size on the serving engine"};
   std::string load, prompts_file;
-  std::vector<std::string> prompts;
+  std::vector<std::string> prompts, prompt_ids;
+  std::string logits_file;
   std::int64_t max_new_tokens = 100;
   dsp::serve::SamplingParams sampling;
   samples::ServingFlags serving;
-  samples::path_option(app.add_option("--load", load, "checkpoint directory"))->required();
+  samples::path_option(app.add_option("--load", load, "checkpoint directory, or a Hugging Face model folder"))->required();
   auto* p = app.add_option("--prompt", prompts, "prompt text (repeatable; \\n is a newline)");
-  samples::path_option(app.add_option("--prompts-file", prompts_file, "one prompt per line, served concurrently (\\n is a newline)"))->excludes(p);
+  auto* pf = samples::path_option(app.add_option("--prompts-file", prompts_file, "one prompt per line, served concurrently (\\n is a newline)"))->excludes(p);
+  auto* ids = app.add_option("--prompt-ids", prompt_ids, "a prompt as comma-separated token ids (repeatable); with --logits-file")
+                  ->excludes(p)
+                  ->excludes(pf);
+  app.add_option("--logits-file", logits_file,
+                 "write each --prompt-ids prompt's logits (tensor logits.<i> [tokens, vocab], fp32 safetensors) "
+                 "instead of generating")
+      ->needs(ids);
+  ids->needs("--logits-file");
   app.add_option("--max-new-tokens,--max-tokens", max_new_tokens, "tokens to generate per prompt")->check(samples::at_least(1));
   app.add_option("--temperature", sampling.temperature, "0 = greedy");
   app.add_option("--top-k", sampling.top_k, "keep the k most likely tokens (0 or -1: all)");
@@ -66,6 +131,7 @@ int main(int argc, char** argv) {
   serving.add_to(app);
   return samples::run_main(app, argc, argv, [&] {
     load = dsp::checkpoint::resolve_checkpoint(load).string();  // a folder of iter_* checkpoints: its latest
+    if (!logits_file.empty()) return write_logits(load, serving, prompt_ids, logits_file);
     if (!prompts_file.empty()) prompts = samples::read_prompts_file(prompts_file);
     DSP_CHECK_AS(dsp::InputError, !prompts.empty(), "give --prompt TEXT or --prompts-file FILE");
     for (auto& text : prompts) text = samples::unescape_newlines(text);

@@ -7,7 +7,14 @@
 //   dsp-reshard --load ckpt --save ckpt_tp4 --tensor-model-parallel-size 4
 //   dsp-reshard --load ckpt --save serve_tp4 --tensor-model-parallel-size 4 --no-save-optim
 //   dsp-reshard --load ckpt --save hf_model --merge
+//   dsp-reshard --load hf_model --save ckpt_tp2 --tensor-model-parallel-size 2
+// The last imports a Hugging Face model folder (config.json without a dsp manifest.json: a
+// LlamaForCausalLM, one model.safetensors or shards with model.safetensors.index.json, F32/BF16/
+// F16/block-scaled F8_E4M3) as a dsp checkpoint without optimizer state, each TP rank (a thread,
+// or a process under mpiexec) reading only its slices.
 #include "cli.hpp"
+#include "ranks.hpp"
+#include "dsp/checkpoint/hf_convert.hpp"
 #include "dsp/checkpoint/iterations.hpp"
 #include "dsp/checkpoint/manifest.hpp"
 #include "dsp/checkpoint/merge.hpp"
@@ -18,7 +25,7 @@ int main(int argc, char** argv) {
   std::string load, save;
   int tp = 0, pp = 1, dp = 1;
   bool merge = false, no_save_optim = false;
-  samples::path_option(app.add_option("--load", load, "source checkpoint directory"))->required();
+  samples::path_option(app.add_option("--load", load, "source checkpoint directory, or a Hugging Face model folder to import"))->required();
   samples::path_option(app.add_option("--save", save, "destination directory (replaced atomically)"))->required();
   app.add_option("--tensor-model-parallel-size", tp, "target tensor-parallel size")->check(samples::at_least(1));
   app.add_option("--pipeline-model-parallel-size", pp, "target pipeline size: 1 (the default) only");
@@ -31,6 +38,18 @@ int main(int argc, char** argv) {
       ->excludes(no_optim);
   return samples::run_main(app, argc, argv, [&] {
     load = dsp::checkpoint::resolve_checkpoint(load).string();  // a folder of iter_* checkpoints: its latest
+    if (dsp::checkpoint::is_hugging_face_folder(load)) {
+      DSP_CHECK_AS(dsp::InputError, !merge, load, " is a Hugging Face model folder already (no ",
+                   dsp::checkpoint::manifest_file_name, "): --merge takes a dsp checkpoint");
+      DSP_CHECK_AS(dsp::InputError, tp > 0, "--tensor-model-parallel-size is required to import ", load);
+      DSP_CHECK_AS(dsp::ConfigError, pp == 1 && dp == 1, "an imported checkpoint is written at one pipeline stage and ",
+                   "no optimizer state (--pipeline-model-parallel-size 1, --data-parallel-size 1), got PP ", pp,
+                   " / DP ", dp, "; dsp-train --load reads it at any pipeline-model-parallel-size");
+      samples::run_ranks(tp, [&]<class Comm>(Comm& world) { dsp::checkpoint::import_hugging_face(load, save, world); });
+      std::printf("imported the Hugging Face model %s to %s (TP%d/PP1, no optimizer state)\n", load.c_str(),
+                  save.c_str(), tp);
+      return;
+    }
     if (merge) {
       dsp::checkpoint::merge(load, save);
       const bool tokenizer = std::filesystem::exists(std::filesystem::path(save) / dsp::checkpoint::merged_tokenizer_file);

@@ -11,6 +11,7 @@
 
 #include "cli.hpp"
 #include "dsp/backend/paged_kv.hpp"
+#include "dsp/checkpoint/hf_import.hpp"
 #include "dsp/checkpoint/manifest.hpp"
 #include "dsp/model/config.hpp"
 #include "dsp/serve/engine_config.hpp"
@@ -58,9 +59,11 @@ struct ServingFlags {
   }
 
   /// The serving ranks for the checkpoint in `dir` of model `m`: {TP (the checkpoint's when not
-  /// given), EP}. Throws ConfigError for EP > 1 on a dense model.
+  /// given; 1 for a Hugging Face model folder), EP}. Throws ConfigError for EP > 1 on a dense model.
   std::pair<int, int> parallel_sizes(const std::string& dir, const dsp::model::ModelConfig& m) const {
-    const int tp = tensor_parallel > 0 ? tensor_parallel : dsp::checkpoint::read_manifest(dir).meta.layout.tensor;
+    const int tp = tensor_parallel > 0                               ? tensor_parallel
+                   : dsp::checkpoint::is_hugging_face_folder(dir) ? 1
+                                                                   : dsp::checkpoint::read_manifest(dir).meta.layout.tensor;
     DSP_CHECK_AS(dsp::ConfigError, expert_parallel == 1 || m.is_moe(), "--expert-parallel-size ", expert_parallel,
                  " needs an MoE model; this checkpoint's is dense");
     return {tp, expert_parallel};

@@ -156,7 +156,7 @@ void add_flags(CLI::App& app, Options& o) {
                "save even when --save holds an iteration at or after the first one this run writes");
   app.add_flag("--exit-signal-handler,!--no-exit-signal-handler", o.exit_signal_handler,
                "on SIGTERM or SIGINT finish the step, save to --save and exit 0 (a second signal exits at once)");
-  samples::path_option(app.add_option("--load", o.load, "checkpoint to resume from: a folder of iter_* checkpoints (its latest_checkpointed_iteration.txt) or one checkpoint"));
+  samples::path_option(app.add_option("--load", o.load, "checkpoint to resume from: a folder of iter_* checkpoints (its latest_checkpointed_iteration.txt) or one checkpoint; or a Hugging Face model folder (config.json, safetensors) to start from its weights, its config the model (flags given override it)"));
   app.add_option("--ckpt-step", o.ckpt_step, "load this iteration of --load instead of the tracker's")->check(samples::at_least(0));
   // the last --data-path given wins (a config file's, then the command line's), as in Megatron
   samples::path_option(app.add_option_function<std::vector<std::string>>(
@@ -327,7 +327,8 @@ void train(Options& o) {
   if (o.peak_flops <= 0) o.peak_flops = machine_peak_flops();
   const std::unique_ptr<const dsp::data::SampleSource> data = open_data(o);
   std::int64_t start = 0;  // the iteration this run resumes from
-  if (!o.load.empty()) {
+  const bool hugging_face = !o.load.empty() && dsp::checkpoint::is_hugging_face_folder(o.load);
+  if (!o.load.empty() && !hugging_face) {
     o.load = dsp::checkpoint::resolve_checkpoint(o.load, o.ckpt_step).string();  // the iter_* folder
     start = dsp::checkpoint::read_manifest(o.load).meta.iteration;
   }
@@ -358,7 +359,8 @@ void train(Options& o) {
       dsp::DeviceMesh mesh(world, dsp::ParallelLayout{.tensor = o.tensor_parallel, .pipeline = o.pipeline_parallel,
                                                       .expert = o.expert_parallel});
       dsp::train::Trainer<P> trainer(o.model, o.train, mesh, *data);
-      if (!o.load.empty()) dsp::train::load_checkpoint(o.load, trainer);
+      if (hugging_face) dsp::train::load_hugging_face(o.load, trainer);  // weights only: iteration 0
+      else if (!o.load.empty()) dsp::train::load_checkpoint(o.load, trainer);
       const bool lead = world.rank() == 0;
       std::optional<std::ofstream> metrics;
       if (lead) {
@@ -486,7 +488,15 @@ int main(int argc, char** argv) {
   Options o;
   add_flags(app, o);
   return samples::run_main(app, argc, argv, [&] {
-    o.model = o.model_flags.config(app, nullptr,
+    // --load of a Hugging Face model folder: its config.json is the model, the flags given override it
+    // (--seq-length: the training sequence length)
+    std::optional<dsp::model::ModelConfig> hf_model;
+    if (!o.load.empty() && dsp::checkpoint::is_hugging_face_folder(o.load)) {
+      DSP_CHECK_AS(dsp::InputError, !o.ckpt_step, "--ckpt-step needs a dsp checkpoint; ", o.load,
+                   " is a Hugging Face model folder");
+      hf_model = dsp::checkpoint::read_hf_config(o.load);
+    }
+    o.model = o.model_flags.config(app, hf_model ? &*hf_model : nullptr,
                                    {"--moe-router-bias-update-rate", "--moe-aux-loss-coeff",
                                     "--moe-expert-capacity-factor", "--moe-token-drop-policy"});
     o.train.ddp.grad_reduce_dtype = dsp::dp::grad_reduce_dtype_from_name(o.grad_reduce_dtype);
@@ -514,7 +524,7 @@ int main(int argc, char** argv) {
     const dsp::data::Tokenizer tokenizer(o.tokenizer_type, o.tokenizer_model);
     if (o.train.documents().any()) o.train.eod_token = tokenizer.eod();
     if (o.megatron_data) {
-      if (app.count("--vocab-size") == 0) o.model.vocab_size = tokenizer.vocab_size();
+      if (app.count("--vocab-size") == 0 && !hf_model) o.model.vocab_size = tokenizer.vocab_size();
       DSP_CHECK_AS(dsp::ConfigError, o.model.vocab_size >= tokenizer.vocab_size(), "--vocab-size ", o.model.vocab_size,
                    " is below the tokenizer's ", tokenizer.vocab_size(), " ids");
     }

@@ -12,6 +12,7 @@
 #include "dsp/checkpoint/merge.hpp"
 #include "dsp/checkpoint/reshard.hpp"
 #include "dsp/checkpoint/save.hpp"
+#include "dsp/model/config.hpp"
 #include "fixture.hpp"
 
 using namespace checkpoint_test;
@@ -171,6 +172,32 @@ TEST_CASE("merge splits fused tensors into Hugging Face parts and drops padding 
   CHECK(nlohmann::json::parse(read_text(tmp / "hf" / "config.json")) == meta.model_config);
   CHECK(std::distance(fs::directory_iterator(tmp / "hf"), fs::directory_iterator()) == 2);
   CHECK(tmp.names().size() == 2);
+}
+
+TEST_CASE("merge writes transformers 5's rope_parameters beside rope_theta, and refuses a GQA MoE model") {
+  TempDir tmp;
+  const auto specs = fake_specs();
+  const auto globals = fake_globals(specs);
+  auto meta = fake_meta(1);
+  dsp::model::ModelConfig dense;
+  meta.model_config = dense.to_hf_json();
+  save_all(tmp / "dense", states_of(make_tp_states(specs, globals, 1)), meta);
+  merge(tmp / "dense", tmp / "hf");
+  auto config = nlohmann::json::parse(read_text(tmp / "hf" / "config.json"));
+  CHECK(config["rope_theta"] == meta.model_config["rope_theta"]);
+  CHECK(config["rope_parameters"] == nlohmann::json{{"rope_type", "default"}, {"rope_theta", dense.rope_theta}});
+  config.erase("rope_parameters");
+  CHECK(config == meta.model_config);  // nothing else changed
+
+  dsp::model::ModelConfig moe;
+  moe.num_experts = 4;
+  moe.moe_ffn_hidden_size = 8;
+  meta.model_config = moe.to_hf_json();
+  save_all(tmp / "moe", states_of(make_tp_states(specs, globals, 1)), meta);
+  CHECK_THROWS_WITH_AS(merge(tmp / "moe", tmp / "hf_moe"),
+                       doctest::Contains("mixture-of-experts model with GQA attention (DspMoeForCausalLM)"),
+                       dsp::CheckpointError);
+  CHECK(!fs::exists(tmp / "hf_moe"));
 }
 
 }  // namespace checkpoint_merge_test

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "dsp/checkpoint/safetensors.hpp"
 #include "dsp/core/dtype.hpp"
@@ -79,6 +80,37 @@ TEST_CASE("safetensors reads BF16 as fp32") {
   for (int i = 0; i < 3; ++i) CHECK(t[i] == values[static_cast<std::size_t>(i)]);
 }
 
+TEST_CASE("safetensors reads F16 and F8_E4M3 as fp32, exactly; an integer tensor is an error naming it") {
+  TempDir tmp;
+  const std::array<float, 3> values = {1.0f, -2.5f, 0x1p-24f};  // exact in fp16 (the last subnormal)
+  std::string buffer;
+  for (float v : values) {
+    const std::uint16_t bits = dsp::fp16(v).bits;
+    buffer += static_cast<char>(bits & 0xff);
+    buffer += static_cast<char>(bits >> 8);
+  }
+  buffer += std::string{'\x38', '\xc4', '\x7e', '\x01'};  // e4m3: 1, -3, 448, 2^-9
+  write_raw(tmp / "h.safetensors",
+            R"({"h":{"dtype":"F16","shape":[3],"data_offsets":[0,6]},"q":{"dtype":"F8_E4M3","shape":[2,2],"data_offsets":[6,10]}})",
+            buffer);
+  const auto f = read_safetensors(tmp / "h.safetensors");
+  const auto h = f.tensor("h");
+  for (int i = 0; i < 3; ++i) CHECK(h[i] == values[static_cast<std::size_t>(i)]);
+  const auto q = f.tensor("q");
+  CHECK(q.shape() == Shape{2, 2});
+  CHECK(q[0] == 1.0f);
+  CHECK(q[1] == -3.0f);
+  CHECK(q[2] == 448.0f);
+  CHECK(q[3] == 0x1p-9f);
+  std::vector<float> last(2);
+  f.read_elements("q", 2, last);  // only those bytes
+  CHECK(last == std::vector<float>{448.0f, 0x1p-9f});
+
+  write_raw(tmp / "i.safetensors", R"({"n":{"dtype":"I32","shape":[1],"data_offsets":[0,4]}})", std::string(4, '\0'));
+  const auto msg = message_of<CheckpointError>([&] { read_safetensors(tmp / "i.safetensors").tensor("n"); });
+  CHECK_MESSAGE(msg.find("i.safetensors: tensor 'n' has dtype I32") != std::string::npos, msg);
+}
+
 TEST_CASE("malformed safetensors files throw CheckpointError naming the file") {
   TempDir tmp;
   const auto path = tmp / "bad.safetensors";
@@ -108,8 +140,8 @@ TEST_CASE("malformed safetensors files throw CheckpointError naming the file") {
   write_raw(path, R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", std::string(8, '\0'));
   check("starts at byte 4");
 
-  write_raw(path, R"({"x":{"dtype":"F16","shape":[1],"data_offsets":[0,2]}})", std::string(2, '\0'));
-  check("unknown dtype 'F16'");
+  write_raw(path, R"({"x":{"dtype":"F64","shape":[1],"data_offsets":[0,8]}})", std::string(8, '\0'));
+  check("unknown dtype 'F64'");
 
   write_raw(path, R"({"x":{"dtype":"F32","shape":[2]}})", std::string(8, '\0'));
   check("malformed header");

@@ -144,7 +144,8 @@ inline void retain_newest(const std::filesystem::path& root, std::int64_t keep) 
 }
 
 /// The checkpoint folder a reader opens for `path`: `path` itself when it is one checkpoint
-/// (a manifest.json, an iter_* folder or a resharded/merged folder), else `path`'s iteration
+/// (a manifest.json, an iter_* folder or a resharded/merged folder) or a Hugging Face model
+/// folder (model.safetensors or model.safetensors.index.json), else `path`'s iteration
 /// `iteration` when given (--ckpt-step), else the one its tracker names, else its newest
 /// complete iteration folder. Recovers an interrupted re-save first
 /// (recover_iteration_folders). Throws CheckpointError naming `path` when it does not exist or
@@ -153,7 +154,9 @@ inline std::filesystem::path resolve_checkpoint(const std::filesystem::path& pat
                                                 std::optional<std::int64_t> iteration = std::nullopt) {
   std::error_code ec;
   DSP_CHECK_AS(CheckpointError, std::filesystem::exists(path, ec), path.string(), ": checkpoint folder does not exist");
-  if (!iteration && (detail::is_complete(path) || std::filesystem::exists(path / "model.safetensors", ec))) return path;
+  if (!iteration && (detail::is_complete(path) || std::filesystem::exists(path / "model.safetensors", ec) ||
+                     std::filesystem::exists(path / "model.safetensors.index.json", ec)))
+    return path;  // a checkpoint, or a Hugging Face model folder (merged, or sharded by its index)
   recover_iteration_folders(path);
   const std::vector<std::int64_t> saved = saved_iterations(path);
   std::string held;

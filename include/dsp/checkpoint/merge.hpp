@@ -3,7 +3,10 @@
 //   model.safetensors  every non-optimizer tensor, global (padding removed), fp32, metadata
 //                      {"format": "pt"}; fused tensors split by rows into their parts
 //                      (qkv_proj -> q_proj, k_proj, v_proj; gate_up_proj -> gate_proj, up_proj)
-//   config.json        the manifest's model_config (a Hugging Face config, supplied at save)
+//   config.json        the manifest's model_config (a Hugging Face config, supplied at save),
+//                      with transformers 5's "rope_parameters" {"rope_type": "default",
+//                      "rope_theta": ...} added beside the "rope_theta" of transformers 4 when
+//                      it has none (hugging_face_config)
 //   tokenizer.json, tokenizer_config.json
 //                      a byte-level model's tokenizer (vocab_size 256 or 257: byte b is id b,
 //                      the EOD 256; byte_tokenizer_json.hpp); other models get none
@@ -20,6 +23,8 @@
 #include <system_error>
 #include <utility>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "dsp/checkpoint/atomic_dir.hpp"
 #include "dsp/checkpoint/byte_tokenizer_json.hpp"
@@ -115,16 +120,35 @@ inline std::vector<std::pair<std::string, Tensor>> hugging_face_tensors(const Sh
   return out;
 }
 
+/// The config.json merge writes for a checkpoint's model_config: `config` with, when it has a
+/// "rope_theta" and no "rope_parameters", transformers 5's {"rope_type": "default",
+/// "rope_theta": <the same>} added (LlamaConfig reads both spellings; 5.x writes the second).
+/// Throws CheckpointError naming `dir` for a GQA mixture-of-experts model ("architectures"
+/// DspMoeForCausalLM): no transformers class computes it (DeepSeek's classes take MLA), so a
+/// merged folder would load nowhere.
+inline nlohmann::json hugging_face_config(const std::filesystem::path& dir, nlohmann::json config) {
+  const bool gqa_moe = config.contains("architectures") && config.at("architectures") == nlohmann::json::array({"DspMoeForCausalLM"});
+  DSP_CHECK_AS(CheckpointError, !gqa_moe, "checkpoint ", dir.string(),
+               " holds a mixture-of-experts model with GQA attention (DspMoeForCausalLM), which no transformers class ",
+               "computes (DeepseekV2/V3ForCausalLM take MLA attention): --merge would write a Hugging Face folder ",
+               "nothing loads; serve it with dsp-generate / dsp-serve, or reshard it with dsp-reshard");
+  if (config.contains("rope_theta") && !config.contains("rope_parameters"))
+    config["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", config.at("rope_theta")}};
+  return config;
+}
+
 /// Writes the checkpoint in `dir` (its model files verified first) to `out_dir` as
 /// model.safetensors + config.json (+ tokenizer.json and tokenizer_config.json when the model
 /// config's vocab_size is byte-level, is_byte_level_vocab), atomically (an existing `out_dir` is replaced only on
 /// success), the tensors in global_model_order whatever layout the checkpoint was saved at (any
 /// TP and PP). Tensors whose name starts with optimizer_prefix are left out (ReadScope::Model:
 /// their partition files are not read). Memory: every parameter's global tensor. Throws
-/// CheckpointError when the checkpoint is invalid (see CheckpointReader), a fused tensor's parts
-/// do not fit, two tensors end up with the same name, or writing fails.
+/// CheckpointError when the checkpoint is invalid (see CheckpointReader), is of a model no
+/// transformers class computes (hugging_face_config), a fused tensor's parts do not fit, two
+/// tensors end up with the same name, or writing fails.
 inline void merge(const std::filesystem::path& dir, const std::filesystem::path& out_dir) {
   const CheckpointReader reader(dir, ReadScope::Model);
+  const nlohmann::json config = hugging_face_config(dir, reader.manifest().meta.model_config);
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (const ShardedTensor& spec : global_model_order(reader.manifest().tensors)) {
     if (is_optimizer_state(spec.name)) continue;
@@ -136,7 +160,6 @@ inline void merge(const std::filesystem::path& dir, const std::filesystem::path&
 
   AtomicDir staging(out_dir);
   write_safetensors(staging.tmp_path() / merged_model_file, refs, {{"format", "pt"}});
-  const nlohmann::json& config = reader.manifest().meta.model_config;
   write_text(staging.tmp_path() / merged_config_file, config.dump(2) + "\n");
   const auto number = [&](const char* key) {
     return config.contains(key) && config.at(key).is_number_integer() ? config.at(key).get<std::int64_t>() : 0;

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <vector>
 
+#include "dsp/checkpoint/hf_import.hpp"
 #include "dsp/checkpoint/load.hpp"
 #include "dsp/checkpoint/manifest.hpp"
 #include "dsp/checkpoint/state.hpp"
@@ -36,10 +37,12 @@ State model_state(model::CausalLM<Policy>& m) {
   return stage_state(m, StateUse::Save);
 }
 
-/// The model config a checkpoint was saved with (files are not verified here; loading does).
-/// Throws CheckpointError as read_manifest
-/// (missing or malformed manifest) and ConfigError when the config lacks a field.
+/// The model config a checkpoint was saved with (files are not verified here; loading does),
+/// or a Hugging Face model folder's (is_hugging_face_folder: read_hf_config). Throws
+/// CheckpointError as read_manifest (missing or malformed manifest) and ConfigError when the
+/// config lacks a field (or as read_hf_config).
 inline model::ModelConfig read_model_config(const std::filesystem::path& dir) {
+  if (is_hugging_face_folder(dir)) return read_hf_config(dir);
   return model::ModelConfig::from_hf_json(read_manifest(dir).meta.model_config);
 }
 
@@ -59,10 +62,21 @@ inline void check_model_config(const std::filesystem::path& dir, const Manifest&
 }
 
 /// Loads the parameters of `m` (any TP size: resharding straight from the manifest);
-/// collective-free, every rank reads what it needs (the model files: ReadScope::Model). Throws
-/// CheckpointError as load_into and check_model_config. Returns the manifest.
+/// collective-free, every rank reads what it needs (the model files: ReadScope::Model). A
+/// Hugging Face model folder (is_hugging_face_folder) is imported (hf_import.hpp: each rank
+/// reads its slices); its config must be m's. Throws CheckpointError as load_into and
+/// check_model_config. Returns the manifest (for a Hugging Face folder: one with its config at
+/// iteration 0).
 template <class Policy>
 Manifest load_model(const std::filesystem::path& dir, model::CausalLM<Policy>& m) {
+  if (is_hugging_face_folder(dir)) {
+    const HfFolder folder(dir);
+    Manifest manifest;
+    manifest.meta.model_config = folder.config().to_hf_json();
+    check_model_config(dir, manifest, m.config());
+    load_into(folder, model_state(m), m.tensor_group().size(), m.tensor_group().rank());
+    return manifest;
+  }
   check_model_config(dir, read_manifest(dir), m.config());  // load_into verifies the model files
   return load_into(dir, model_state(m), m.tensor_group().size(), m.tensor_group().rank());
 }

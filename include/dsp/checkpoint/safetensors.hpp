@@ -10,7 +10,8 @@
 //                       byte offsets relative to the buffer's start, tensors packed back to
 //                       back without holes, the last one ending at the end of the file.
 //
-// dsp writes fp32 ("F32"); it reads F32 and BF16 (converted to fp32 exactly).
+// dsp writes fp32 ("F32"); it reads F32, BF16, F16 and F8_E4M3 (converted to fp32 exactly; an
+// F8_E4M3 tensor's block scale is applied by the importer, hf_import.hpp).
 #include <algorithm>
 #include <array>
 #include <bit>
@@ -66,8 +67,8 @@ class SafetensorsFile {
     return *it;
   }
 
-  /// Reads tensor `name` as fp32 (BF16 widened exactly). Throws CheckpointError naming the file
-  /// when the tensor is absent, has a dtype other than F32/BF16, or cannot be read.
+  /// Reads tensor `name` as fp32 (BF16, F16 and F8_E4M3 widened exactly). Throws CheckpointError
+  /// naming the file when the tensor is absent, has an integer dtype, or cannot be read.
   Tensor tensor(std::string_view name) const {
     Tensor t = Tensor::host_zeros(entry(name).shape);
     read_elements(name, 0, t.span());
@@ -75,8 +76,9 @@ class SafetensorsFile {
   }
 
   /// Reads elements [first, first + out.size()) of tensor `name`, flattened row-major, as fp32
-  /// (BF16 widened exactly). Throws CheckpointError naming the file when the tensor is absent,
-  /// has a dtype other than F32/BF16, the elements lie outside it, or they cannot be read.
+  /// (BF16, F16 and F8_E4M3 widened exactly: reads only those elements' bytes). Throws
+  /// CheckpointError naming the file when the tensor is absent, has an integer dtype, the
+  /// elements lie outside it, or they cannot be read.
   void read_elements(std::string_view name, std::int64_t first, std::span<float> out) const {
     const SafetensorsEntry& e = entry(name);
     const auto count = static_cast<std::int64_t>(out.size());
@@ -86,21 +88,26 @@ class SafetensorsFile {
       case DType::F32:
         read_at(path_, data_start_ + e.begin + static_cast<std::uint64_t>(first) * 4, std::as_writable_bytes(out));
         break;
-      case DType::BF16: {
-        std::vector<std::uint16_t> bits(out.size());
-        read_at(path_, data_start_ + e.begin + static_cast<std::uint64_t>(first) * 2,
-                std::as_writable_bytes(std::span(bits)));
-        std::transform(bits.begin(), bits.end(), out.begin(), bf16::to_float);
-        break;
-      }
+      case DType::BF16: widen<std::uint16_t>(e, first, out, bf16::to_float); break;
+      case DType::F16: widen<std::uint16_t>(e, first, out, fp16::to_float); break;
+      case DType::F8_E4M3: widen<std::uint8_t>(e, first, out, fp8_e4m3::to_float); break;
       default:
         throw CheckpointError(dsp::detail::concat(path_.string(), ": tensor '", name, "' has dtype ",
-                                                  dtype_name(e.dtype), "; only F32 and BF16 are read"));
+                                                  dtype_name(e.dtype), "; only F32, BF16, F16 and F8_E4M3 are read"));
     }
   }
 
  private:
   friend SafetensorsFile read_safetensors(const std::filesystem::path& path);
+
+  // Reads out.size() elements of type Bits from element `first` of e and converts each.
+  template <class Bits, class Convert>
+  void widen(const SafetensorsEntry& e, std::int64_t first, std::span<float> out, Convert convert) const {
+    std::vector<Bits> bits(out.size());
+    read_at(path_, data_start_ + e.begin + static_cast<std::uint64_t>(first) * sizeof(Bits),
+            std::as_writable_bytes(std::span(bits)));
+    std::transform(bits.begin(), bits.end(), out.begin(), convert);
+  }
 
   std::filesystem::path path_;
   std::uint64_t data_start_ = 0;  // 8 + N: file offset of the data buffer

@@ -32,8 +32,10 @@ DSP_HOST_DEVICE inline float bits_float(std::uint32_t u) {
 }
 }  // namespace detail
 
-/// Element type tags used by tensors, communicators and checkpoints.
-enum class DType : std::uint8_t { F32, BF16, I32, I64 };
+/// Element type tags used by tensors, communicators and checkpoints. F16 and F8_E4M3 are
+/// storage types of imported checkpoints only (read and widened to fp32; see fp16 and
+/// fp8_e4m3).
+enum class DType : std::uint8_t { F32, BF16, I32, I64, F16, F8_E4M3 };
 
 /// Bytes of one element of dtype.
 constexpr std::size_t dtype_size(DType t) {
@@ -42,24 +44,28 @@ constexpr std::size_t dtype_size(DType t) {
     case DType::BF16: return 2;
     case DType::I32: return 4;
     case DType::I64: return 8;
+    case DType::F16: return 2;
+    case DType::F8_E4M3: return 1;
   }
   return 0;
 }
 
-/// safetensors spelling of a dtype ("F32", "BF16", "I32", "I64").
+/// safetensors spelling of a dtype ("F32", "BF16", "I32", "I64", "F16", "F8_E4M3").
 constexpr std::string_view dtype_name(DType t) {
   switch (t) {
     case DType::F32: return "F32";
     case DType::BF16: return "BF16";
     case DType::I32: return "I32";
     case DType::I64: return "I64";
+    case DType::F16: return "F16";
+    case DType::F8_E4M3: return "F8_E4M3";
   }
   return "?";
 }
 
 /// Inverse of dtype_name; throws Error for an unknown name.
 inline DType dtype_from_name(std::string_view name) {
-  for (DType t : {DType::F32, DType::BF16, DType::I32, DType::I64})
+  for (DType t : {DType::F32, DType::BF16, DType::I32, DType::I64, DType::F16, DType::F8_E4M3})
     if (dtype_name(t) == name) return t;
   throw Error(detail::concat("unknown dtype '", name, "'"));
 }
@@ -91,7 +97,7 @@ struct bf16 {
 /// (65504 + half a unit in the last place) become infinity; NaN becomes a quiet NaN (payload
 /// bits 13-22 kept, quiet bit set). Conversion to float is exact. Both are correct whatever the
 /// FPU's flush-to-zero / denormals-are-zero modes (the only float arithmetic, in the subnormal
-/// paths, has normal operands and results). Not a DType: checkpoints read and write F32/BF16 only.
+/// paths, has normal operands and results). DType::F16: checkpoints read it (imported models), never write it.
 /// Reference: F. Giesen, "float->half variants" (float_to_half_fast3_rtne), public domain.
 struct fp16 {
   std::uint16_t bits = 0;
@@ -124,6 +130,21 @@ struct fp16 {
     if (exp == 0x1fu) return detail::bits_float(sign | 0x7f800000u | (mant << 13));  // inf, NaN
     if (exp != 0) return detail::bits_float(sign | ((exp + 112u) << 23) | (mant << 13));
     const float sub = static_cast<float>(mant) * 0x1.0p-24f;  // zero or subnormal: exact
+    return sign ? -sub : sub;
+  }
+};
+
+/// fp8 e4m3 ("E4M3FN", Micikevicius et al. 2022, "FP8 Formats for Deep Learning"; torch's
+/// float8_e4m3fn): 1 sign, 4 exponent bits with bias 7, 3 mantissa bits; no infinities, the
+/// largest finite 448, S.1111.111 is NaN, smallest normal 2^-6, subnormals m x 2^-9. Only decoded
+/// (exactly) here: DeepSeek-V3's FP8 weights are dequantised to fp32 on import.
+struct fp8_e4m3 {
+  static float to_float(std::uint8_t b) {
+    const std::uint32_t sign = static_cast<std::uint32_t>(b & 0x80u) << 24;
+    const std::uint32_t exp = (b >> 3) & 0x0fu, mant = b & 0x07u;
+    if (exp == 0x0fu && mant == 0x07u) return detail::bits_float(sign | 0x7fc00000u);  // NaN
+    if (exp != 0) return detail::bits_float(sign | ((exp + 120u) << 23) | (mant << 20));  // rebias 7 -> 127
+    const float sub = static_cast<float>(mant) * 0x1.0p-9f;  // zero or subnormal: exact
     return sign ? -sub : sub;
   }
 };

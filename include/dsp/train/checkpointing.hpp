@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "dsp/checkpoint/hf_import.hpp"
 #include "dsp/checkpoint/iterations.hpp"
 #include "dsp/checkpoint/model_io.hpp"
 #include "dsp/checkpoint/save.hpp"
@@ -253,6 +254,23 @@ void load_checkpoint(const std::filesystem::path& path, Trainer<Policy>& t) {
   t.sampler().set_state(m.meta.extra.at("sampler").get<dp::DataSampler::State>());
   if (auto* scaler = t.loss_scaler(); scaler && m.meta.extra.contains("loss_scaler"))
     scaler->set_state(m.meta.extra.at("loss_scaler").get<precision::DynamicLossScaler::State>());
+}
+
+/// Starts training from the weights of the Hugging Face model folder `dir`
+/// (checkpoint/hf_import.hpp): every rank fills the TP shards of the parameters it holds (its
+/// stages' layers, its experts), reading only those slices; the optimizer state, iteration and
+/// data position stay fresh. Collective over the data-parallel group at ZeRO 3 (the parameters
+/// are whole while they are filled, as in load_checkpoint). Throws CheckpointError naming the
+/// file and the tensor when the folder lacks one of the model's tensors or holds it with
+/// another shape (the model being the trainer's: its config is not compared with config.json),
+/// ConfigError as read_hf_config.
+template <class Policy>
+void load_hugging_face(const std::filesystem::path& dir, Trainer<Policy>& t) {
+  const checkpoint::HfFolder folder(dir);
+  detail::WholeParameters whole(t.optimizer());
+  checkpoint::load_into(folder, checkpoint::parameter_state(t.state_parameters(), checkpoint::StateUse::Load),
+                        t.mesh().tp_size(), t.mesh().tp_rank());
+  whole.take_loaded();
 }
 
 }  // namespace dsp::train
