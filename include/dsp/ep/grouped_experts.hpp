@@ -14,8 +14,8 @@
 #include "dsp/backend/linear.hpp"
 #include "dsp/backend/host/swiglu.hpp"
 #include "dsp/core/error.hpp"
-#include "dsp/model/activation_precision.hpp"
-#include "dsp/model/parameter.hpp"
+#include "dsp/precision/activation_precision.hpp"
+#include "dsp/parallel/parameter.hpp"
 
 namespace dsp::ep {
 
@@ -25,7 +25,7 @@ class GroupedExperts {
   struct Saved {
     Tensor x, gate_up, act;
     std::vector<std::int64_t> rows;  ///< [experts] rows of each block
-    model::ActivationPrecision precision = model::ActivationPrecision::Fp32;  ///< of gate_up and act
+    precision::ActivationPrecision precision = precision::ActivationPrecision::Fp32;  ///< of gate_up and act
     std::vector<Tensor*> tensors() { return {&x, &gate_up, &act}; }
   };
 
@@ -37,12 +37,12 @@ class GroupedExperts {
                  float down_std, std::uint64_t seed, int tp_size, int tp_rank, bool expert)
       : hidden_(hidden) {
     for (const auto& prefix : prefixes) {
-      auto gu = std::make_unique<model::Parameter>(
+      auto gu = std::make_unique<Parameter>(
           ShardedTensor::gate_up(prefix + ".gate_up_proj.weight", hidden, ffn,
                                  {prefix + ".gate_proj.weight", prefix + ".up_proj.weight"}),
-          model::Init{model::Init::Normal, init_std}, seed, tp_size, tp_rank);
-      auto down = std::make_unique<model::Parameter>(ShardedTensor::split(prefix + ".down_proj.weight", {hidden, ffn}, 1),
-                                                     model::Init{model::Init::Normal, down_std}, seed, tp_size, tp_rank);
+          Init{Init::Normal, init_std}, seed, tp_size, tp_rank);
+      auto down = std::make_unique<Parameter>(ShardedTensor::split(prefix + ".down_proj.weight", {hidden, ffn}, 1),
+                                                     Init{Init::Normal, down_std}, seed, tp_size, tp_rank);
       gu->expert = down->expert = expert;
       gate_up_.push_back(std::move(gu));
       down_.push_back(std::move(down));
@@ -58,7 +58,7 @@ class GroupedExperts {
   /// activation, both rounded to `precision` (model/activation_precision.hpp). Throws Error when
   /// rows does not match the experts or x.
   Tensor forward(const Tensor& x, const std::vector<std::int64_t>& rows, Saved* saved, bool keep_act = true,
-                 model::ActivationPrecision precision = model::ActivationPrecision::Fp32) const {
+                 precision::ActivationPrecision precision = precision::ActivationPrecision::Fp32) const {
     check(x, rows);
     const std::int64_t n = x.dim(0), f = ffn_local_;
     Tensor gu({n, 2 * f}), act({n, f}), y({n, hidden_});
@@ -67,9 +67,9 @@ class GroupedExperts {
       if (rows[e] == 0) continue;
       linear_forward(Backend{}, x.data() + r0 * hidden_, gate_up_[e]->value.data(), gu.data() + r0 * 2 * f, rows[e],
                      hidden_, 2 * f);
-      model::round_activations(Backend{}, precision, gu.data() + r0 * 2 * f, rows[e] * 2 * f);
+      precision::round_activations(Backend{}, precision, gu.data() + r0 * 2 * f, rows[e] * 2 * f);
       swiglu_forward(Backend{}, gu.data() + r0 * 2 * f, rows[e], f, act.data() + r0 * f);
-      model::round_activations(Backend{}, precision, act.data() + r0 * f, rows[e] * f);
+      precision::round_activations(Backend{}, precision, act.data() + r0 * f, rows[e] * f);
       linear_forward(Backend{}, act.data() + r0 * f, down_[e]->value.data(), y.data() + r0 * hidden_, rows[e], f,
                      hidden_);
     }
@@ -85,7 +85,7 @@ class GroupedExperts {
     if (s.act.numel() == 0 && n > 0) {
       recomputed = Tensor({n, f});
       swiglu_forward(Backend{}, s.gate_up.data(), n, f, recomputed.data());
-      model::round_activations(Backend{}, s.precision, recomputed);
+      precision::round_activations(Backend{}, s.precision, recomputed);
     }
     const Tensor& act = s.act.numel() > 0 ? s.act : recomputed;
     Tensor dact({n, f}), dgu({n, 2 * f}), dx({n, hidden_});
@@ -107,8 +107,8 @@ class GroupedExperts {
   }
 
   /// Every expert's gate/up then down weight, expert by expert.
-  std::vector<model::Parameter*> parameters() {
-    std::vector<model::Parameter*> p;
+  std::vector<Parameter*> parameters() {
+    std::vector<Parameter*> p;
     for (std::size_t e = 0; e < gate_up_.size(); ++e) {
       p.push_back(gate_up_[e].get());
       p.push_back(down_[e].get());
@@ -127,7 +127,7 @@ class GroupedExperts {
   }
 
   std::int64_t hidden_, ffn_local_ = 0;
-  std::vector<std::unique_ptr<model::Parameter>> gate_up_, down_;
+  std::vector<std::unique_ptr<Parameter>> gate_up_, down_;
 };
 
 }  // namespace dsp::ep

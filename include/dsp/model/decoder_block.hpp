@@ -2,14 +2,14 @@
 // A DeepSeek-style decoder block (pre-norm):
 //   h = x + Attention(RMSNorm(x)),  out = h + FFN(RMSNorm(h)),
 // FFN the dense SwiGLU MLP, or in an MoE layer (ModelConfig::is_moe_layer) the DeepSeekMoE
-// layer (ep::MoELayer).
+// layer (model::MoELayer).
 // Hugging Face names: model.layers.{i}.{input_layernorm, self_attn.*, post_attention_layernorm, mlp.*}.
 #include <memory>
 #include <string>
 
 #include "dsp/backend/host/elementwise.hpp"
 #include "dsp/core/trace.hpp"
-#include "dsp/ep/moe_layer.hpp"
+#include "dsp/model/moe_layer.hpp"
 #include "dsp/model/attention.hpp"
 #include "dsp/model/mlp.hpp"
 #include "dsp/model/rms_norm.hpp"
@@ -25,7 +25,7 @@ class DecoderBlock {
     typename RMSNorm<Policy>::Saved norm1, norm2;
     typename Attention<Policy>::Saved attn;
     typename MLP<Policy>::Saved mlp;
-    typename ep::MoELayer<Policy>::Saved moe;
+    typename model::MoELayer<Policy>::Saved moe;
     /// Every activation kept (the unused one of mlp and moe is empty).
     std::vector<Tensor*> tensors() {
       std::vector<Tensor*> out;
@@ -44,7 +44,7 @@ class DecoderBlock {
                tp.rank()),
         forward_span_("layers." + std::to_string(layer) + ".forward"),
         backward_span_("layers." + std::to_string(layer) + ".backward") {
-    if (c.is_moe_layer(layer)) moe_ = std::make_unique<ep::MoELayer<Policy>>(tp, ep, c, layer, Attention<Policy>::scaled_std(c), seed);
+    if (c.is_moe_layer(layer)) moe_ = std::make_unique<model::MoELayer<Policy>>(tp, ep, c, layer, Attention<Policy>::scaled_std(c), seed);
     else mlp_ = std::make_unique<MLP<Policy>>(tp, c, prefix(layer) + ".mlp", seed);
   }
 
@@ -86,7 +86,7 @@ class DecoderBlock {
   /// Saved state that gradients do not train (an MoE layer's expert bias).
   std::vector<Parameter*> buffers() { return moe_ ? moe_->buffers() : std::vector<Parameter*>{}; }
   /// The MoE layer, null in a dense layer.
-  ep::MoELayer<Policy>* moe() { return moe_.get(); }
+  model::MoELayer<Policy>* moe() { return moe_.get(); }
   std::span<float> replicated_kv_grad() { return attn_.replicated_kv_grad(); }
   std::int64_t kv_heads_local() const { return attn_.kv_heads_local(); }
   /// Values per token in this layer's paged KV cache on this rank (Attention::kv_values_per_token).
@@ -99,7 +99,7 @@ class DecoderBlock {
   Attention<Policy> attn_;
   RMSNorm<Policy> norm2_;
   std::unique_ptr<MLP<Policy>> mlp_;          // dense layer
-  std::unique_ptr<ep::MoELayer<Policy>> moe_;  // MoE layer
+  std::unique_ptr<model::MoELayer<Policy>> moe_;  // MoE layer
   std::string forward_span_, backward_span_;  // trace names: "layers.{layer}.forward", ...
 };
 

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "dsp/backend/host/swiglu.hpp"
-#include "dsp/model/activation_precision.hpp"
+#include "dsp/precision/activation_precision.hpp"
 #include "dsp/model/attention.hpp"
 #include "dsp/model/config.hpp"
 #include "dsp/tp/column_parallel_linear.hpp"
@@ -21,7 +21,7 @@ class MLP {
   using Comm = typename Policy::Comm;
   struct Saved {
     Tensor x, gate_up, act;
-    ActivationPrecision precision = ActivationPrecision::Fp32;  ///< what gate_up and act are rounded to
+    precision::ActivationPrecision precision = precision::ActivationPrecision::Fp32;  ///< what gate_up and act are rounded to
     std::vector<Tensor*> tensors() { return {&x, &gate_up, &act}; }
   };
 
@@ -38,7 +38,7 @@ class MLP {
   /// false: selective recomputation) the SwiGLU activation; gate_up and the activation are
   /// rounded to `precision` (model/activation_precision.hpp).
   Tensor forward(const Tensor& x, Saved* saved, bool keep_act = true,
-                 ActivationPrecision precision = ActivationPrecision::Fp32) {
+                 precision::ActivationPrecision precision = precision::ActivationPrecision::Fp32) {
     Tensor gu = gate_up_.forward(x);
     round_activations(Backend{}, precision, gu);
     const std::int64_t n = x.dim(0), f = gu.dim(1) / 2;

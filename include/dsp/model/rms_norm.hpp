@@ -3,7 +3,7 @@
 #include <string>
 
 #include "dsp/backend/host/rms_norm.hpp"
-#include "dsp/model/parameter.hpp"
+#include "dsp/parallel/parameter.hpp"
 
 namespace dsp::model {
 

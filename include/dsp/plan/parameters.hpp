@@ -10,7 +10,7 @@
 // Mirrors (keep in step when they change): pp::PipelineStage's constructor (embedding, blocks,
 // final norm, output layer or tied copy), model::DecoderBlock::parameters() (input norm,
 // attention, post-attention norm, MLP or MoE), model::Attention (qkv_proj, o_proj),
-// model::MLP (gate_up_proj, down_proj), ep::MoELayer::parameters() (router, shared experts,
+// model::MLP (gate_up_proj, down_proj), model::MoELayer::parameters() (router, shared experts,
 // this EP rank's routed experts) and buffers() (expert bias), i.e. PipelineStage::
 // state_parameters().
 #include <cstdint>

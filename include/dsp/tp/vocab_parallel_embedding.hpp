@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "dsp/backend/host/embedding.hpp"
-#include "dsp/model/parameter.hpp"
+#include "dsp/parallel/parameter.hpp"
 #include "dsp/tp/mappings.hpp"
 
 namespace dsp::tp {
@@ -18,7 +18,7 @@ class VocabParallelEmbedding {
   using Comm = typename Policy::Comm;
 
   /// name: global parameter name; table global shape [vocab, hidden].
-  VocabParallelEmbedding(Comm& tp, std::string name, std::int64_t vocab, std::int64_t hidden, model::Init init,
+  VocabParallelEmbedding(Comm& tp, std::string name, std::int64_t vocab, std::int64_t hidden, Init init,
                          std::uint64_t seed)
       : tp_(&tp), vocab_(vocab), weight_(ShardedTensor::vocab(std::move(name), {vocab, hidden}), init, seed,
                                          tp.size(), tp.rank()) {}
@@ -41,7 +41,7 @@ class VocabParallelEmbedding {
                        dy.data(), rows_local(), row_offset(), hidden(), weight_.grad.data());
   }
 
-  model::Parameter& weight() { return weight_; }
+  Parameter& weight() { return weight_; }
   std::int64_t hidden() const { return weight_.value.dim(1); }
   std::int64_t rows_local() const { return weight_.value.dim(0); }
   std::int64_t row_offset() const { return rows_local() * tp_->rank(); }
@@ -49,7 +49,7 @@ class VocabParallelEmbedding {
  private:
   Comm* tp_;
   std::int64_t vocab_;
-  model::Parameter weight_;
+  Parameter weight_;
 };
 
 }  // namespace dsp::tp

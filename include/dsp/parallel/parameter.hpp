@@ -1,5 +1,7 @@
 #pragma once
-// Parameter: a local shard, its gradient and its ShardedTensor description.
+// Parameter: a local shard, its gradient and its ShardedTensor description. Below model/ so
+// that the tensor- and expert-parallel layers (tp/, ep/) own parameters without including the
+// model.
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -8,7 +10,7 @@
 #include "dsp/core/tensor.hpp"
 #include "dsp/parallel/sharded_tensor.hpp"
 
-namespace dsp::model {
+namespace dsp {
 
 /// How a parameter's global values are drawn.
 struct Init {
@@ -60,4 +62,4 @@ struct Parameter {
   }
 };
 
-}  // namespace dsp::model
+}  // namespace dsp
