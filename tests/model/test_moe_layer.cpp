@@ -356,7 +356,8 @@ void check_layer(const std::string& label, const model::ModelConfig& c, int tp, 
     CAPTURE(tp);
     CAPTURE(ep);
     CAPTURE(mesh.dp_rank());
-    Moe moe(mesh.tensor_group(), mesh.expert_group(), c, kLayer, kDownStd, kSeed);
+    Moe moe(mesh.tensor_group(), mesh.expert_group(), c, kLayer,
+            model::MoeSpec::describe(c, kLayer, kDownStd, mesh.expert_group().size(), mesh.expert_group().rank()), kSeed);
     REQUIRE((moe.expert_bias() != nullptr) == !bias.empty());
     if (!bias.empty()) std::copy(bias.begin(), bias.end(), moe.expert_bias()->value.values().begin());
 
@@ -639,7 +640,10 @@ TEST_CASE("MoE layer: experts not divisible by the expert-parallel size throw Co
       return "no ConfigError";
     };
     const std::string layer =
-        message([&] { Moe(mesh.tensor_group(), mesh.expert_group(), c, kLayer, kDownStd, kSeed); });
+        message([&] {
+          Moe(mesh.tensor_group(), mesh.expert_group(), c, kLayer,
+              model::MoeSpec::describe(c, kLayer, kDownStd, mesh.expert_group().size(), mesh.expert_group().rank()), kSeed);
+        });
     CAPTURE(layer);
     CHECK(layer.find("number of experts (6)") != std::string::npos);
     CHECK(layer.find("expert-model-parallel-size (4)") != std::string::npos);

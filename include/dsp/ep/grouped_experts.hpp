@@ -16,6 +16,7 @@
 #include "dsp/core/error.hpp"
 #include "dsp/precision/activation_precision.hpp"
 #include "dsp/parallel/parameter.hpp"
+#include "dsp/tp/swiglu_spec.hpp"
 
 namespace dsp::ep {
 
@@ -29,23 +30,15 @@ class GroupedExperts {
     std::vector<Tensor*> tensors() { return {&x, &gate_up, &act}; }
   };
 
-  /// One expert per name prefix (e.g. "model.layers.3.mlp.experts.12"), each [ffn, hidden]
-  /// SwiGLU, this rank's shard of tp_size. init_std / down_std: the standard deviations of the
-  /// gate/up and down weights. expert: mark the parameters as expert parameters (reduced over
-  /// the expert-data-parallel group). Throws ConfigError when ffn does not split over tp_size.
-  GroupedExperts(const std::vector<std::string>& prefixes, std::int64_t hidden, std::int64_t ffn, float init_std,
-                 float down_std, std::uint64_t seed, int tp_size, int tp_rank, bool expert)
+  /// One SwiGLU expert per spec (tp::SwiGluSpec::describe, e.g. "model.layers.3.mlp.experts.12"),
+  /// all of width ffn and `hidden` wide, this rank's shard of tp_size (flags such as
+  /// Parameter::expert from the specs). Throws ConfigError when ffn does not split over tp_size.
+  GroupedExperts(const std::vector<tp::SwiGluSpec>& experts, std::int64_t hidden, std::uint64_t seed, int tp_size,
+                 int tp_rank)
       : hidden_(hidden) {
-    for (const auto& prefix : prefixes) {
-      auto gu = std::make_unique<Parameter>(
-          ShardedTensor::gate_up(prefix + ".gate_up_proj.weight", hidden, ffn,
-                                 {prefix + ".gate_proj.weight", prefix + ".up_proj.weight"}),
-          Init{Init::Normal, init_std}, seed, tp_size, tp_rank);
-      auto down = std::make_unique<Parameter>(ShardedTensor::split(prefix + ".down_proj.weight", {hidden, ffn}, 1),
-                                                     Init{Init::Normal, down_std}, seed, tp_size, tp_rank);
-      gu->expert = down->expert = expert;
-      gate_up_.push_back(std::move(gu));
-      down_.push_back(std::move(down));
+    for (const auto& e : experts) {
+      gate_up_.push_back(std::make_unique<Parameter>(e.gate_up, seed, tp_size, tp_rank));
+      down_.push_back(std::make_unique<Parameter>(e.down, seed, tp_size, tp_rank));
     }
     ffn_local_ = gate_up_.empty() ? 0 : gate_up_.front()->value.dim(0) / 2;
   }

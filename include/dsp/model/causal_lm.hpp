@@ -25,6 +25,7 @@
 #include "dsp/core/trace.hpp"
 #include "dsp/model/decoder_block.hpp"
 #include "dsp/model/part_range.hpp"
+#include "dsp/model/parts.hpp"
 #include "dsp/parallel/device_mesh.hpp"
 #include "dsp/tp/vocab_parallel_cross_entropy.hpp"
 #include "dsp/tp/vocab_parallel_embedding.hpp"
@@ -65,13 +66,19 @@ class CausalLM {
   CausalLM(const ModelConfig& config, DeviceMesh<MeshComm>& mesh, std::uint64_t seed)
       : CausalLM(config, mesh.tensor_group(), PartRange::whole(config.num_layers), seed, &mesh.expert_group()) {}
 
-  /// Builds this rank's shards of the range's layers [layers.first_layer, + num_layers) with
-  /// their global names. Collective over `tp` (K/V replica groups are split from it). ep: the
-  /// expert-parallel group of an MoE model (null: expert-parallel size 1; it must outlive the
-  /// stage). Throws ConfigError (naming the numbers) when the config does not split over
-  /// tp.size() or ep->size(), or the layer range lies outside the model.
+  /// Builds this rank's shards of the parts of `layers` (the decoder layers [first_layer, +
+  /// num_layers), the embedding and the head at the ends): describe_parts(config, layers,
+  /// EP size, EP rank), part by part, each from its spec. Collective over `tp` (K/V replica
+  /// groups are split from it). ep: the expert-parallel group of an MoE model (null:
+  /// expert-parallel size 1; it must outlive the model). Throws ConfigError (naming the
+  /// numbers) when the config does not split over tp.size() or ep->size(), or the layer range
+  /// lies outside the model.
   CausalLM(const ModelConfig& config, Comm& tp, PartRange layers, std::uint64_t seed, Comm* ep = nullptr)
-      : config_(checked(config, tp.size(), layers)), layers_(layers), tp_(&tp), loss_(tp, config.vocab_size) {
+      : config_((config.validate(tp.size()), config)),
+        layers_(layers),
+        spec_(describe_parts(config, layers, ep ? ep->size() : 1, ep ? ep->rank() : 0)),
+        tp_(&tp),
+        loss_(tp, config.vocab_size) {
     if (config.num_query_groups < tp.size())  // ranks sharing one K/V head
       kv_replicas_ = std::make_unique<Comm>(
           tp.split(static_cast<int>(tp.rank() * config.num_query_groups / tp.size()), tp.rank()));
@@ -79,26 +86,24 @@ class CausalLM {
       own_ep_ = std::make_unique<Comm>(tp.split(tp.rank(), 0));
       ep = own_ep_.get();
     }
-    const Init normal{Init::Normal, config.init_method_std};
-    if (layers.pre_process) embed_.emplace(tp, embed_name, config.vocab_size, config.hidden_size, normal, seed);
-    for (std::int64_t l = layers.first_layer; l < layers.first_layer + layers.num_layers; ++l)
-      blocks_.push_back(std::make_unique<DecoderBlock<Policy>>(tp, ep ? *ep : tp, config, l, seed));
-    if (!layers.post_process) return;
-    final_norm_.emplace("model.norm.weight", config.hidden_size, config.norm_epsilon, tp.size(), tp.rank());
-    if (!config.tie_word_embeddings) {
-      lm_head_.emplace(tp, ShardedTensor::vocab("lm_head.weight", {config.vocab_size, config.hidden_size}), normal, seed);
-      return;
-    }
-    if (layers.pre_process) {
+    if (spec_.embedding) embed_.emplace(tp, *spec_.embedding, seed);
+    for (const auto& block : spec_.blocks)
+      blocks_.push_back(std::make_unique<DecoderBlock<Policy>>(tp, ep ? *ep : tp, config, block, seed));
+    if (!spec_.head) return;
+    final_norm_.emplace(spec_.head->final_norm, config.norm_epsilon, tp.size(), tp.rank());
+    if (spec_.head->lm_head) {
+      lm_head_.emplace(tp, spec_.head->lm_head->tensor, spec_.head->lm_head->init, seed);
+    } else if (spec_.head->tied_copy) {  // tied over stages: this stage's copy of the first stage's table
+      tied_copy_ = std::make_unique<Parameter>(*spec_.head->tied_copy, seed, tp.size(), tp.rank());
+      lm_head_.emplace(tp, *tied_copy_);
+    } else {
       lm_head_.emplace(tp, embed_->weight());
-      return;
     }
-    // Tied over stages: this stage's copy of the first stage's table.
-    tied_copy_ = std::make_unique<Parameter>(ShardedTensor::vocab(embed_name, {config.vocab_size, config.hidden_size}),
-                                             normal, seed, tp.size(), tp.rank());
-    tied_copy_->tied_copy = true;
-    lm_head_.emplace(tp, *tied_copy_);
   }
+
+  /// The description this rank's model was built from (model/parts.hpp): its parts and their
+  /// tensors, in the order of parameter_parts() and state_parameters().
+  const ModelParts& parts() const { return spec_; }
 
   /// ZeRO stages 2 and 3 (zero::ZeroOptimizer::acquire / release): the stage calls acquire with
   /// the parameters one part of it (the embedding, one block, the final norm with the output
@@ -308,8 +313,6 @@ class CausalLM {
   const PartRange& layers() const { return layers_; }
   Comm& tensor_group() { return *tp_; }
 
-  static constexpr const char* embed_name = "model.embed_tokens.weight";
-
  private:
   // The embedding (first stage), this stage's blocks and, on the last stage, the final norm
   // and output layer: hidden states [tokens, hidden] or logits [tokens, vocab_padded / tp].
@@ -392,17 +395,9 @@ class CausalLM {
     if (hooks_.release) hooks_.release(parts_[part]);
   }
 
-  static const ModelConfig& checked(const ModelConfig& c, int tp, const PartRange& layers) {
-    c.validate(tp);
-    DSP_CHECK_AS(ConfigError, layers.first_layer >= 0 && layers.num_layers >= 0 &&
-                                  layers.first_layer + layers.num_layers <= c.num_layers,
-                 "stage layers [", layers.first_layer, ", ", layers.first_layer + layers.num_layers,
-                 ") lie outside the model's ", c.num_layers, " layers");
-    return c;
-  }
-
   ModelConfig config_;
   PartRange layers_;
+  ModelParts spec_;
   Comm* tp_;
   std::optional<tp::VocabParallelEmbedding<Policy>> embed_;
   std::vector<std::unique_ptr<DecoderBlock<Policy>>> blocks_;

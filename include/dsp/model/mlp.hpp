@@ -3,14 +3,12 @@
 // split over TP), down projection row-parallel.
 //   x [tokens, hidden] -> gate_up [tokens, 2 ffn/tp] -> silu(gate) * up [tokens, ffn/tp]
 //   -> down_proj -> [tokens, hidden] (all-reduced)
-#include <string>
 
 #include "dsp/backend/host/swiglu.hpp"
 #include "dsp/precision/activation_precision.hpp"
-#include "dsp/model/attention.hpp"
-#include "dsp/model/config.hpp"
 #include "dsp/tp/column_parallel_linear.hpp"
 #include "dsp/tp/row_parallel_linear.hpp"
+#include "dsp/tp/swiglu_spec.hpp"
 
 namespace dsp::model {
 
@@ -25,14 +23,9 @@ class MLP {
     std::vector<Tensor*> tensors() { return {&x, &gate_up, &act}; }
   };
 
-  /// prefix: "model.layers.{i}.mlp".
-  MLP(Comm& tp, const ModelConfig& c, const std::string& prefix, std::uint64_t seed)
-      : gate_up_(tp,
-                 ShardedTensor::gate_up(prefix + ".gate_up_proj.weight", c.hidden_size, c.ffn_hidden_size,
-                                        {prefix + ".gate_proj.weight", prefix + ".up_proj.weight"}),
-                 {Init::Normal, c.init_method_std}, seed),
-        down_(tp, ShardedTensor::split(prefix + ".down_proj.weight", {c.hidden_size, c.ffn_hidden_size}, 1),
-              {Init::Normal, Attention<Policy>::scaled_std(c)}, seed) {}
+  /// Builds this TP rank's shards of `spec` (e.g. "model.layers.{i}.mlp": DecoderBlockSpec).
+  MLP(Comm& tp, const tp::SwiGluSpec& spec, std::uint64_t seed)
+      : gate_up_(tp, spec.gate_up.tensor, spec.gate_up.init, seed), down_(tp, spec.down.tensor, spec.down.init, seed) {}
 
   /// x [tokens, hidden] -> [tokens, hidden]. saved keeps x, gate_up and (unless keep_act is
   /// false: selective recomputation) the SwiGLU activation; gate_up and the activation are

@@ -39,6 +39,7 @@
 #include "dsp/ep/router.hpp"
 #include "dsp/model/config.hpp"
 #include "dsp/model/forward_context.hpp"
+#include "dsp/model/parts.hpp"
 
 namespace dsp::model {
 
@@ -110,27 +111,23 @@ class MoELayer {
     }
   };
 
-  /// prefix: "model.layers.{i}.mlp". tp: the tensor-parallel group; ep: the expert-parallel
-  /// group (the same TP rank of EP ranks; size 1 holds every expert). Throws ConfigError,
-  /// naming the numbers, when the experts do not split over ep.size() or their width over TP.
-  MoELayer(Comm& tp, Comm& ep, const ModelConfig& c, std::int64_t layer, float down_std, std::uint64_t seed)
+  /// Builds this rank's shards of `spec` (MoeSpec::describe of global layer `layer` for this
+  /// EP rank), in the spec's order. tp: the tensor-parallel group; ep: the expert-parallel group
+  /// (the same TP rank of EP ranks; size 1 holds every expert). Throws ConfigError, naming the
+  /// numbers, when the experts do not split over ep.size() or their width over TP; Error when
+  /// spec lists other experts than this EP rank's.
+  MoELayer(Comm& tp, Comm& ep, const ModelConfig& c, std::int64_t layer, const MoeSpec& spec, std::uint64_t seed)
       : tp_(&tp),
         router_config_(c.router()),
         hidden_(c.hidden_size),
         dispatcher_((c.validate_expert_parallel(ep.size()), ep), c.num_experts, c.hidden_size),
-        router_(ShardedTensor::replicated(prefix(layer) + ".gate.weight", {c.num_experts, c.hidden_size}),
-                {Init::Normal, c.init_method_std}, seed, tp.size(), tp.rank()),
-        routed_(expert_prefixes(layer, dispatcher_.first_local_expert(), dispatcher_.num_local_experts()),
-                c.hidden_size, c.moe_ffn_hidden_size, c.init_method_std, down_std, seed, tp.size(), tp.rank(), true) {
-    if (c.num_shared_experts > 0)
-      shared_.emplace(std::vector<std::string>{prefix(layer) + ".shared_experts"}, c.hidden_size,
-                      c.num_shared_experts * c.moe_ffn_hidden_size, c.init_method_std, down_std, seed, tp.size(),
-                      tp.rank(), false);
-    if (c.moe_router_enable_expert_bias) {
-      bias_.emplace(ShardedTensor::replicated(prefix(layer) + ".gate.e_score_correction_bias", {c.num_experts}),
-                    Init{Init::Zeros}, seed, tp.size(), tp.rank());
-      bias_->grad = Tensor{};  // a buffer: moved by the balancing step, never by a gradient
-    }
+        router_(spec.router, seed, tp.size(), tp.rank()),
+        shared_(spec.shared ? std::make_optional<ep::GroupedExperts<Backend>>(std::vector{*spec.shared}, c.hidden_size,
+                                                                             seed, tp.size(), tp.rank())
+                            : std::nullopt),
+        routed_(local_experts(spec), c.hidden_size, seed, tp.size(), tp.rank()),
+        bias_(spec.expert_bias ? std::make_optional<Parameter>(*spec.expert_bias, seed, tp.size(), tp.rank())
+                               : std::nullopt) {  // a buffer: moved by the balancing step, never by a gradient
     stats_.layer = layer;
     stats_.tokens_per_expert.assign(static_cast<std::size_t>(c.num_experts), 0);
   }
@@ -239,8 +236,6 @@ class MoELayer {
   MoeLayerStats& stats() { return stats_; }
   const ep::ExpertDispatcher<Comm, Backend>& dispatcher() const { return dispatcher_; }
 
-  static std::string prefix(std::int64_t layer) { return "model.layers." + std::to_string(layer) + ".mlp"; }
-
  private:
   // t itself on the host, else a host copy of it in `copy`.
   static const Tensor& on_host(const Tensor& t, Tensor& copy) {
@@ -249,20 +244,26 @@ class MoELayer {
     return copy;
   }
 
-  static std::vector<std::string> expert_prefixes(std::int64_t layer, std::int64_t first, std::int64_t count) {
-    std::vector<std::string> out;
-    for (std::int64_t g = first; g < first + count; ++g) out.push_back(prefix(layer) + ".experts." + std::to_string(g));
-    return out;
+  // spec's routed experts, checked to be the dispatcher's local experts.
+  const std::vector<tp::SwiGluSpec>& local_experts(const MoeSpec& spec) const {
+    DSP_CHECK(spec.first_expert == dispatcher_.first_local_expert() &&
+                  static_cast<std::int64_t>(spec.experts.size()) == dispatcher_.num_local_experts(),
+              "MoE layer: the spec lists experts [", spec.first_expert, ", ",
+              spec.first_expert + static_cast<std::int64_t>(spec.experts.size()), "), this expert-parallel rank holds [",
+              dispatcher_.first_local_expert(), ", ",
+              dispatcher_.first_local_expert() + dispatcher_.num_local_experts(), ")");
+    return spec.experts;
   }
 
   Comm* tp_;
   ep::RouterConfig router_config_;
   std::int64_t hidden_;
   ep::ExpertDispatcher<Comm, Backend> dispatcher_;
+  // Declared (so allocated) in the order of MoeSpec: router, shared experts, routed experts, bias.
   Parameter router_;
-  std::optional<Parameter> bias_;
-  ep::GroupedExperts<Backend> routed_;
   std::optional<ep::GroupedExperts<Backend>> shared_;
+  ep::GroupedExperts<Backend> routed_;
+  std::optional<Parameter> bias_;
   MoeLayerStats stats_;
 };
 

@@ -20,8 +20,10 @@ class VocabParallelEmbedding {
   /// name: global parameter name; table global shape [vocab, hidden].
   VocabParallelEmbedding(Comm& tp, std::string name, std::int64_t vocab, std::int64_t hidden, Init init,
                          std::uint64_t seed)
-      : tp_(&tp), vocab_(vocab), weight_(ShardedTensor::vocab(std::move(name), {vocab, hidden}), init, seed,
-                                         tp.size(), tp.rank()) {}
+      : VocabParallelEmbedding(tp, ParameterSpec{ShardedTensor::vocab(std::move(name), {vocab, hidden}), init}, seed) {}
+  /// The table `weight` (a ShardedTensor::vocab [vocab, hidden]), this rank's rows.
+  VocabParallelEmbedding(Comm& tp, const ParameterSpec& weight, std::uint64_t seed)
+      : tp_(&tp), vocab_(weight.tensor.global_shape.at(0)), weight_(weight, seed, tp.size(), tp.rank()) {}
 
   /// ids [tokens] in [0, vocab) -> [tokens, hidden], the same on every TP rank.
   /// Throws InputError for an id outside the vocabulary.
