@@ -9,6 +9,11 @@
 // embeddings: the output layer multiplies by the embedding table ([vocab, hidden], split by
 // vocabulary rows in both uses), so one parameter gets both gradients.
 //
+// The parts are built from the model's description of them, describe_parts (model/parts.hpp),
+// kept as parts(); every reader walks that one list: ZeRO gathers per part (parameter_parts()),
+// full recomputation re-runs groups of blocks, and the checkpoint (state_parameters()) and the
+// ledger (plan/parameters.hpp, from the description alone) enumerate its tensors.
+//
 // Tied input/output embeddings over several stages: the last stage holds its own copy of
 // model.embed_tokens.weight (initialised from the same (seed, name), so equal to the first
 // stage's), marked Parameter::tied_copy. Its gradient and the first stage's are summed by the
