@@ -1,4 +1,4 @@
-// 16-bit activations (model/activation_precision.hpp): rounding is bf16's / fp16's conversion,
+// 16-bit activations (precision/activation_precision.hpp): rounding is bf16's / fp16's conversion,
 // packing stores 2 bytes per element (measured by the memory counters) and unpacking gives the
 // rounded values back exactly, in order, empty tensors included; a whole model's training
 // forward keeps exactly half the fp32 bytes (every kept tensor is packed), and its loss moves by

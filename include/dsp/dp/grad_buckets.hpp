@@ -16,7 +16,7 @@
 // sums as NCCL does, in the 16-bit type), and widened back to fp32.
 //
 // ZeRO (zero::ZeroOptimizer, stages 1-3) reduce-scatters instead: each parameter is split over
-// the group as zero/partition.hpp says, a bucket's payload holds rank 0's slices of its
+// the group as dp/partition.hpp says, a bucket's payload holds rank 0's slices of its
 // parameters, then rank 1's, ..., and each rank receives the summed slices it owns (reduced()).
 // From stage 2 the full gradients are released as soon as they are packed, and the payload
 // lives only from the bucket's launch to finish(): what stays between steps is the owned

@@ -48,7 +48,7 @@ class GroupedExperts {
   /// x [sum rows, hidden], expert e on the rows[e] rows after those of experts < e ->
   /// [sum rows, hidden], this TP rank's partial output. saved may be null (inference); it
   /// keeps x, gate_up and, unless keep_act is false (selective recomputation), the SwiGLU
-  /// activation, both rounded to `precision` (model/activation_precision.hpp). Throws Error when
+  /// activation, both rounded to `precision` (precision/activation_precision.hpp). Throws Error when
   /// rows does not match the experts or x.
   Tensor forward(const Tensor& x, const std::vector<std::int64_t>& rows, Saved* saved, bool keep_act = true,
                  precision::ActivationPrecision precision = precision::ActivationPrecision::Fp32) const {

@@ -29,7 +29,7 @@ class MLP {
 
   /// x [tokens, hidden] -> [tokens, hidden]. saved keeps x, gate_up and (unless keep_act is
   /// false: selective recomputation) the SwiGLU activation; gate_up and the activation are
-  /// rounded to `precision` (model/activation_precision.hpp).
+  /// rounded to `precision` (precision/activation_precision.hpp).
   Tensor forward(const Tensor& x, Saved* saved, bool keep_act = true,
                  precision::ActivationPrecision precision = precision::ActivationPrecision::Fp32) {
     Tensor gu = gate_up_.forward(x);

@@ -5,7 +5,7 @@
 //   stage 0  every rank holds whole gradients and moments (plain data parallelism: the
 //            buckets all-reduce);
 //   stage 1  Adam moments partitioned: the buckets reduce-scatter, each rank updates the
-//            slice of every parameter it owns (zero/partition.hpp) and all-gathers the
+//            slice of every parameter it owns (dp/partition.hpp) and all-gathers the
 //            parameters after the step;
 //   stage 2  gradients partitioned too: a full gradient exists only from the first backward
 //            that reaches its part of the model (acquire) until its bucket is packed for the
