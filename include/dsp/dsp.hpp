@@ -6,7 +6,7 @@
 #include "dsp/checkpoint/model_io.hpp"
 #include "dsp/checkpoint/reshard.hpp"
 #include "dsp/comm/launch.hpp"
-#include "dsp/ep/moe_layer.hpp"
+#include "dsp/model/moe_layer.hpp"
 #include "dsp/parallel/device_mesh.hpp"
 #include "dsp/parallel/sharded_tensor.hpp"
 #include "dsp/policy.hpp"

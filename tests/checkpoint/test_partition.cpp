@@ -17,7 +17,7 @@
 #include "dsp/checkpoint/load.hpp"
 #include "dsp/checkpoint/reshard.hpp"
 #include "dsp/checkpoint/save.hpp"
-#include "dsp/zero/partition.hpp"
+#include "dsp/dp/partition.hpp"
 #include "fixture.hpp"
 
 using namespace checkpoint_test;
@@ -32,10 +32,10 @@ constexpr int tp = 2, dp = 3;
 
 bool is_moment(const ShardedTensor& s) { return is_optimizer_state(s.name); }
 
-// [begin, end) of each moment's TP shard that DP rank d writes: zero::shard_range by default.
+// [begin, end) of each moment's TP shard that DP rank d writes: dp::shard_range by default.
 using RangeOf = std::function<ElementRange(std::int64_t numel, int d)>;
 ElementRange zero_range(std::int64_t numel, int d) {
-  const auto r = dsp::zero::shard_range(numel, dp, d);
+  const auto r = dsp::dp::shard_range(numel, dp, d);
   return {r.begin, r.end()};
 }
 

@@ -28,21 +28,21 @@ namespace {
 
 // Parameters of the given element counts; grad element i of parameter k on rank r is
 // (r + 1) * 0.001 * (k * 1000 + i) + 1/3 (not representable in bf16).
-std::vector<std::unique_ptr<model::Parameter>> make_params(const std::vector<std::int64_t>& sizes, int rank) {
-  std::vector<std::unique_ptr<model::Parameter>> ps;
+std::vector<std::unique_ptr<dsp::Parameter>> make_params(const std::vector<std::int64_t>& sizes, int rank) {
+  std::vector<std::unique_ptr<dsp::Parameter>> ps;
   for (std::size_t k = 0; k < sizes.size(); ++k) {
     static const char* names[] = {"p0", "p1", "p2", "p3", "p4"};  // (GCC 12 -O3 warns a false -Wrestrict on "p" + to_string)
     REQUIRE(k < std::size(names));
-    ps.push_back(std::make_unique<model::Parameter>(ShardedTensor::replicated(names[k], {sizes[k]}),
-                                                    model::Init{model::Init::Ones}, 1, 1, 0));
+    ps.push_back(std::make_unique<dsp::Parameter>(ShardedTensor::replicated(names[k], {sizes[k]}),
+                                                    dsp::Init{dsp::Init::Ones}, 1, 1, 0));
     for (std::int64_t i = 0; i < sizes[k]; ++i)
       ps.back()->grad[i] = static_cast<float>((rank + 1) * 0.001 * (static_cast<double>(k) * 1000 + i) + 1.0 / 3);
   }
   return ps;
 }
 
-std::vector<model::Parameter*> raw(const std::vector<std::unique_ptr<model::Parameter>>& ps) {
-  std::vector<model::Parameter*> out;
+std::vector<dsp::Parameter*> raw(const std::vector<std::unique_ptr<dsp::Parameter>>& ps) {
+  std::vector<dsp::Parameter*> out;
   for (auto& p : ps) out.push_back(p.get());
   return out;
 }
@@ -55,19 +55,19 @@ TEST_CASE("buckets group parameters in ready order up to the byte limit and neve
     // 30 floats = 120 bytes: {10, 20}, {5}, {100} (larger than the limit: alone), {3}
     Buckets b(world, raw(ps), {.bucket_size_bytes = 120});
     REQUIRE(b.size() == 4);
-    CHECK(b.bucket(0) == std::vector<model::Parameter*>{ps[0].get(), ps[1].get()});
-    CHECK(b.bucket(1) == std::vector<model::Parameter*>{ps[2].get()});
-    CHECK(b.bucket(2) == std::vector<model::Parameter*>{ps[3].get()});
-    CHECK(b.bucket(3) == std::vector<model::Parameter*>{ps[4].get()});
+    CHECK(b.bucket(0) == std::vector<dsp::Parameter*>{ps[0].get(), ps[1].get()});
+    CHECK(b.bucket(1) == std::vector<dsp::Parameter*>{ps[2].get()});
+    CHECK(b.bucket(2) == std::vector<dsp::Parameter*>{ps[3].get()});
+    CHECK(b.bucket(3) == std::vector<dsp::Parameter*>{ps[4].get()});
     // bf16 halves the payload: 60 elements per bucket
     Buckets h(world, raw(ps), {.bucket_size_bytes = 120, .grad_reduce_dtype = dp::GradReduceDType::Bf16});
     CHECK(h.size() == 3);  // {10, 20, 5}, {100}, {3}
     // own_bucket (a tied table split over stages): alone, the others fill around it
     Buckets o(world, raw(ps), {.bucket_size_bytes = 1000}, ps[2].get());
     REQUIRE(o.size() == 3);
-    CHECK(o.bucket(0) == std::vector<model::Parameter*>{ps[0].get(), ps[1].get()});
-    CHECK(o.bucket(1) == std::vector<model::Parameter*>{ps[2].get()});
-    CHECK(o.bucket(2) == std::vector<model::Parameter*>{ps[3].get(), ps[4].get()});
+    CHECK(o.bucket(0) == std::vector<dsp::Parameter*>{ps[0].get(), ps[1].get()});
+    CHECK(o.bucket(1) == std::vector<dsp::Parameter*>{ps[2].get()});
+    CHECK(o.bucket(2) == std::vector<dsp::Parameter*>{ps[3].get(), ps[4].get()});
     CHECK_THROWS_AS(Buckets(world, raw(ps), {.bucket_size_bytes = 0}), ConfigError);
     CHECK(dp::grad_reduce_dtype_from_name("fp16") == dp::GradReduceDType::Fp16);
     CHECK_THROWS_WITH_AS(dp::grad_reduce_dtype_from_name("fp8"), doctest::Contains("fp32, bf16 or fp16, got 'fp8'"), ConfigError);
@@ -155,7 +155,7 @@ TEST_CASE("16-bit transport (bf16, fp16): every rank's gradient rounded once, su
         Buckets b(world, raw(ps), {.grad_reduce_dtype = dtype}, nullptr, stage);
         b.begin_last_micro_batch();
         b.finish();
-        const zero::ShardRange range = b.range(*ps[0]);  // stage 1: this rank's 75 elements
+        const dp::ShardRange range = b.range(*ps[0]);  // stage 1: this rank's 75 elements
         const std::span<float> reduced = b.reduced(*ps[0]);
         REQUIRE(static_cast<std::int64_t>(reduced.size()) == range.valid());
         int differs_from_fp32 = 0;
@@ -194,7 +194,7 @@ TEST_CASE("mixed precision: the gradients are kept in the 16-bit payload at ZeRO
           b.finish();
           for (std::size_t k = 0; k < ps.size(); ++k) {
             CHECK(ps[k]->grad.empty());  // released once packed
-            const zero::ShardRange range = b.range(*ps[k]);
+            const dp::ShardRange range = b.range(*ps[k]);
             const std::span<T> reduced = b.reduced<T>(*ps[k]);
             REQUIRE(static_cast<std::int64_t>(reduced.size()) == range.valid());
             for (std::int64_t i = range.begin; i < range.end(); ++i) {

@@ -50,8 +50,8 @@ double loss(model::CausalLM<P>& m, bool backward) {
   model::CausalLM<P>::Activations act;
   const auto l = m.forward(ctx, ids, targets, act);
   if (backward) {  // as the last micro-batch of a step: replicated K/V gradients summed, readiness reported
-    std::vector<model::Parameter*> reported;
-    const model::CausalLM<P>::GradReadyFn ready = [&](model::Parameter& p) { reported.push_back(&p); };
+    std::vector<dsp::Parameter*> reported;
+    const model::CausalLM<P>::GradReadyFn ready = [&](dsp::Parameter& p) { reported.push_back(&p); };
     m.backward(act, std::vector<float>(l.size(), 1.0f / 15.0f), &ready);
     CHECK(reported == m.grad_ready_order());  // each parameter once, in the documented order
   }
@@ -74,7 +74,7 @@ void check_gradients(int tp, bool tied) {
       CAPTURE(tp);
       CAPTURE(tied);
       // the same global direction on every layout (padding rows of v are zero)
-      const model::Parameter v(p->spec, {model::Init::Normal, 1.0f}, 7, tp, tpg.rank());
+      const dsp::Parameter v(p->spec, {dsp::Init::Normal, 1.0f}, 7, tp, tpg.rank());
       const auto own = ownership_weights(p->spec, tp, tpg.rank());
       std::vector<double> dot{0.0};
       for (std::int64_t i = 0; i < v.value.numel(); ++i) dot[0] += double(own[i]) * p->grad[i] * v.value[i];

@@ -118,7 +118,7 @@ TEST_CASE("training activations: ledger equals the bytes a real forward stashed 
               targets[std::size_t(i)] = std::int32_t((5 * i + 1) % c.vocab_size);
             }
             auto ctx = model::ForwardContext::for_training(mb.batch, mb.seq);
-            if (act_bytes == 2) ctx.activations = model::ActivationPrecision::Bf16;
+            if (act_bytes == 2) ctx.activations = precision::ActivationPrecision::Bf16;
             model::CausalLM<P>::Activations act;
             const std::int64_t before = memory::live_bytes();
             m.forward(ctx, ids, targets, act);

@@ -104,7 +104,7 @@ TEST_CASE("ledger vs measured: model state and gradient buckets per rank at ZeRO
 
 // What each rank holds between steps, measured after a step, against the ledger and against the
 // ZeRO paper's bytes per parameter (plan/model_state.hpp) for `precision` (trained with policy Pol).
-// Tolerance 5 %: ZeroOptimizer pads each parameter to a multiple of N (zero/partition.hpp),
+// Tolerance 5 %: ZeroOptimizer pads each parameter to a multiple of N (dp/partition.hpp),
 // the ledger and the paper pad the rank's whole flat buffer once; the small model's
 // [127, 32] embedding and output layer each lose up to 3 elements, well under 1 %.
 template <class Pol>

@@ -16,6 +16,7 @@
 #include "dsp/comm/launch.hpp"
 #include "dsp/core/memory.hpp"
 #include "dsp/model/causal_lm.hpp"
+#include "dsp/pp/pipeline_stage.hpp"
 #include "dsp/plan/ledger.hpp"
 #include "dsp/policy.hpp"
 #include "dsp/zero/zero_optimizer.hpp"

@@ -44,9 +44,9 @@ PairResult run_pair(int tp, bool gather_output) {
   comm::launch(tp, [&](comm::ThreadComm& world) {
     DeviceMesh mesh(world, ParallelLayout{.tensor = tp});
     auto& g = mesh.tensor_group();
-    tp::ColumnParallelLinear<P> col(g, ShardedTensor::split("w1", {8, 6}, 0), {model::Init::Normal, 0.5f}, 3,
+    tp::ColumnParallelLinear<P> col(g, ShardedTensor::split("w1", {8, 6}, 0), {dsp::Init::Normal, 0.5f}, 3,
                                     gather_output);
-    tp::RowParallelLinear<P> row(g, ShardedTensor::split("w2", {5, 8}, 1), {model::Init::Normal, 0.5f}, 3,
+    tp::RowParallelLinear<P> row(g, ShardedTensor::split("w2", {5, 8}, 1), {dsp::Init::Normal, 0.5f}, 3,
                                  /*input_is_parallel=*/!gather_output);
     const Tensor x = input(4, 6);
     const Tensor h = col.forward(x);
@@ -87,7 +87,7 @@ TEST_CASE("vocab-parallel embedding and cross-entropy: padding never contributes
     comm::launch(tp, [&](comm::ThreadComm& world) {
       DeviceMesh mesh(world, ParallelLayout{.tensor = tp});
       auto& g = mesh.tensor_group();
-      tp::VocabParallelEmbedding<P> embed(g, "embed", 5, 3, {model::Init::Normal, 1.0f}, 9);
+      tp::VocabParallelEmbedding<P> embed(g, "embed", 5, 3, {dsp::Init::Normal, 1.0f}, 9);
       const Tensor e = embed.forward({0, 4, 2});
       tp::VocabParallelCrossEntropy<P> ce(g, 5);
       Tensor zeros({3, embed.rows_local()});  // uniform logits over this rank's columns

@@ -273,7 +273,7 @@ TEST_CASE("steps that overflow at the minimum loss scale end the run with a mess
 
 TEST_CASE("Fp16Mixed: activations past fp16's range make the loss infinite; the run ends naming the forward") {
   // init std 300: the q/k/v products reach ~1e6, past fp16's 65504, so the rounded activations
-  // (model/activation_precision.hpp) hold infinities and the loss is NaN at every scale.
+  // (precision/activation_precision.hpp) hold infinities and the loss is NaN at every scale.
   auto config = test::small_model();
   config.init_method_std = 300.0f;
   auto tc = train_config(0);

@@ -18,7 +18,7 @@ namespace zero_optimizer_test {
 TEST_CASE("AdamW first step: bias-corrected m/sqrt(v) = sign(g), plus decoupled weight decay") {
   // step 1: m_hat = g, v_hat = g^2, so p -= lr * (g / (|g| + eps) + wd * p)
   comm::launch(1, [](comm::ThreadComm& world) {
-    model::Parameter p(ShardedTensor::replicated("w", {2, 2}), {model::Init::Ones}, 0, 1, 0);
+    dsp::Parameter p(ShardedTensor::replicated("w", {2, 2}), {dsp::Init::Ones}, 0, 1, 0);
     p.grad.values() = {0.5f, -2.0f, 1e-3f, 0.0f};
     dp::GradBuckets<comm::ThreadComm, backend::Host> buckets(world, {&p}, {});
     zero::ZeroOptimizer<backend::Host, comm::ThreadComm> opt(
@@ -51,9 +51,9 @@ TEST_CASE("the global gradient norm counts every element once at TP 1, 2 and 4")
     comm::launch(tp, [&](comm::ThreadComm& world) {
       DeviceMesh mesh(world, ParallelLayout{.tensor = tp});
       const int r = mesh.tp_rank();
-      model::Parameter norm(ShardedTensor::replicated("norm", {3}), {model::Init::Ones}, 0, tp, r);
-      model::Parameter col(ShardedTensor::split("col", {4, 2}, 0), {}, 0, tp, r);
-      model::Parameter qkv(ShardedTensor::qkv("qkv", 2, 4, 2, 1, {"q", "k", "v"}), {}, 0, tp, r);
+      dsp::Parameter norm(ShardedTensor::replicated("norm", {3}), {dsp::Init::Ones}, 0, tp, r);
+      dsp::Parameter col(ShardedTensor::split("col", {4, 2}, 0), {}, 0, tp, r);
+      dsp::Parameter qkv(ShardedTensor::qkv("qkv", 2, 4, 2, 1, {"q", "k", "v"}), {}, 0, tp, r);
       norm.grad.fill(1.0f);
       const auto rows = col.spec.index_map(tp, r);
       for (std::size_t i = 0; i < rows.size(); ++i) col.grad[2 * i] = col.grad[2 * i + 1] = float(rows[i] + 1);

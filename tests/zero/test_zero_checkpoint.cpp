@@ -1,6 +1,6 @@
 // ZeRO checkpoints are saved per partition: every rank writes the moment slices it owns to its
 // own file, and no rank gathers a moment to save it. The files are checked against the
-// partition formula (zero::shard_range), the memory counters and, for loading at another TP,
+// partition formula (dp::shard_range), the memory counters and, for loading at another TP,
 // PP, DP and expert-parallel size and ZeRO stage, against the saving run's state made whole
 // by plain all-gathers (test::collect_state). Loading moves data only, so the loaded state
 // must equal the saved one bitwise (tolerance 0).
@@ -21,7 +21,7 @@
 #include "dsp/policy.hpp"
 #include "dsp/train/checkpointing.hpp"
 #include "dsp/train/trainer.hpp"
-#include "dsp/zero/partition.hpp"
+#include "dsp/dp/partition.hpp"
 #include "../train/small_model.hpp"
 #include "../train/small_train_config.hpp"
 #include "run_result.hpp"
@@ -127,7 +127,7 @@ TEST_CASE("ZeRO 2 at TP 2 x DP 4: each rank saves its own moment slices, unpadde
       CHECK(r.tp_rank == t);
       REQUIRE(r.ranges.size() == 2 * local_numel.size());  // both moments of every parameter
       for (const auto& [name, n] : local_numel) {
-        const zero::ShardRange owned = zero::shard_range(n, 4, d);
+        const dp::ShardRange owned = dp::shard_range(n, 4, d);
         for (const std::string moment : {"exp_avg.", "exp_avg_sq."})
           CHECK(r.ranges.at("optimizer." + moment + name) == checkpoint::ElementRange{owned.begin, owned.end()});
       }
@@ -162,11 +162,11 @@ TEST_CASE("MoE: expert moments are saved per expert-data-parallel slice and load
   for (int d = 0; d < 4; ++d) {
     const auto& ranges = m.files.at(checkpoint::partition_file_name(0, 0, d)).ranges;
     for (const auto& [name, range] : ranges) {
-      const auto e = ep::expert_index(name);
+      const auto e = model::expert_index(name);
       if (!e) continue;
       CAPTURE(name);
       CHECK(*e / per_rank == d % 2);
-      const zero::ShardRange owned = zero::shard_range(numel(m.find(name)->local_shape(1)), 2, d / 2);
+      const dp::ShardRange owned = dp::shard_range(numel(m.find(name)->local_shape(1)), 2, d / 2);
       CHECK(range == checkpoint::ElementRange{owned.begin, owned.end()});
     }
   }

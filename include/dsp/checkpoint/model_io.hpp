@@ -17,7 +17,7 @@ namespace dsp::checkpoint {
 enum class StateUse { Save, Load };
 
 /// The given parameters of this rank as checkpoint entries (the model owns the tensors).
-inline State parameter_state(const std::vector<model::Parameter*>& params, StateUse use) {
+inline State parameter_state(const std::vector<Parameter*>& params, StateUse use) {
   State s;
   for (auto* p : params)
     if (use == StateUse::Load || !p->tied_copy) s.push_back({p->spec, &p->value});
@@ -27,7 +27,7 @@ inline State parameter_state(const std::vector<model::Parameter*>& params, State
 /// A pipeline stage's (or whole model's) parameters and buffers (MoE expert biases) as
 /// checkpoint entries.
 template <class Policy>
-State stage_state(pp::PipelineStage<Policy>& stage, StateUse use) {
+State stage_state(model::CausalLM<Policy>& stage, StateUse use) {
   return parameter_state(stage.state_parameters(), use);
 }
 

@@ -14,7 +14,7 @@
 //   * moving a container (construction or assignment) moves its storage together with the
 //     storage's category, so bytes are subtracted from the category they were added to;
 //   * copy assignment keeps the destination's category (the destination's allocator allocates).
-// Tagged at the source: model::Parameter's value (Parameters) and grad (Gradients),
+// Tagged at the source: dsp::Parameter's value (Parameters) and grad (Gradients),
 // zero::ZeroOptimizer's moments (OptimizerState), dp::GradBuckets' payloads (Communication). The
 // trainer runs the pipeline schedule (forward and backward) inside an Activations scope, so
 // Activations there means everything the schedule allocates: the stashed activations of the

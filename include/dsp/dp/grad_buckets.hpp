@@ -16,7 +16,7 @@
 // sums as NCCL does, in the 16-bit type), and widened back to fp32.
 //
 // ZeRO (zero::ZeroOptimizer, stages 1-3) reduce-scatters instead: each parameter is split over
-// the group as zero/partition.hpp says, a bucket's payload holds rank 0's slices of its
+// the group as dp/partition.hpp says, a bucket's payload holds rank 0's slices of its
 // parameters, then rank 1's, ..., and each rank receives the summed slices it owns (reduced()).
 // From stage 2 the full gradients are released as soon as they are packed, and the payload
 // lives only from the bucket's launch to finish(): what stays between steps is the owned
@@ -53,8 +53,8 @@
 #include "dsp/core/memory.hpp"
 #include "dsp/core/memory_space.hpp"
 #include "dsp/core/space_buffer.hpp"
-#include "dsp/model/parameter.hpp"
-#include "dsp/zero/partition.hpp"
+#include "dsp/parallel/parameter.hpp"
+#include "dsp/dp/partition.hpp"
 
 namespace dsp::dp {
 
@@ -112,8 +112,8 @@ class GradBuckets {
   /// file); every full gradient is released once packed. Throws ConfigError when it is fp32.
   /// Payloads and reduced slices are allocated in the current memory space; launching a bucket
   /// throws Error when a gradient is in other memory than the buckets and the payload is 16-bit.
-  GradBuckets(Comm& dp, const std::vector<model::Parameter*>& params, DdpConfig config,
-              const model::Parameter* own_bucket = nullptr, int zero_stage = 0, bool mixed_precision = false)
+  GradBuckets(Comm& dp, const std::vector<Parameter*>& params, DdpConfig config,
+              const Parameter* own_bucket = nullptr, int zero_stage = 0, bool mixed_precision = false)
       : dp_(&dp), config_(config), zero_stage_(zero_stage), mixed_(mixed_precision) {
     DSP_CHECK_AS(ConfigError, config.bucket_size_bytes >= 1, "--ddp-bucket-size must be >= 1 byte, got ",
                  config.bucket_size_bytes);
@@ -127,7 +127,7 @@ class GradBuckets {
           (buckets_.back().elements > 0 && (buckets_.back().elements * elem + bytes > config.bucket_size_bytes)))
         buckets_.emplace_back();
       Bucket& b = buckets_.back();
-      const zero::ShardRange range = zero::shard_range(p->grad.numel(), dp.size(), dp.rank());
+      const ShardRange range = shard_range(p->grad.numel(), dp.size(), dp.rank());
       where_[p] = {static_cast<int>(buckets_.size() - 1), b.slice_elements, b.elements, range};
       b.params.push_back(p);
       b.elements += p->grad.numel();
@@ -189,7 +189,7 @@ class GradBuckets {
   /// last micro-batch's backward). With overlap on, every bucket whose gradients are all
   /// final starts its all-reduce, in bucket order. Throws Error for an unknown parameter or
   /// one reported twice.
-  void mark_ready(model::Parameter& p) {
+  void mark_ready(Parameter& p) {
     const auto it = where_.find(&p);
     DSP_CHECK(it != where_.end(), "grad buckets: parameter ", p.spec.name, " is not in any bucket");
     Bucket& b = buckets_[static_cast<std::size_t>(it->second.bucket)];
@@ -218,7 +218,7 @@ class GradBuckets {
               return;
             }
             if (!sharded()) {
-              for_each_slice(b, payload, [&](model::Parameter& p, std::span<T> slice) {
+              for_each_slice(b, payload, [&](Parameter& p, std::span<T> slice) {
                 unpack(p, slice.data(), p.grad.data(), slice.size());
               });
               return;
@@ -238,7 +238,7 @@ class GradBuckets {
   /// p's bucket). Stage 0: p's whole gradient. T: float, or with mixed precision the 16-bit
   /// grad_reduce_dtype (bf16 / fp16). Throws Error for a parameter in no bucket or another T.
   template <class T = float>
-  std::span<T> reduced(model::Parameter& p) {
+  std::span<T> reduced(Parameter& p) {
     const auto it = where_.find(&p);
     DSP_CHECK(it != where_.end(), "grad buckets: parameter ", p.spec.name, " is not in any bucket");
     const Slot& slot = it->second;
@@ -261,13 +261,13 @@ class GradBuckets {
         static_cast<std::size_t>(at), static_cast<std::size_t>(sharded() ? slot.range.valid() : slot.range.numel));
   }
   /// The slice of p this rank owns (the whole gradient at stage 0). Throws Error as reduced().
-  zero::ShardRange range(const model::Parameter& p) const {
+  ShardRange range(const Parameter& p) const {
     const auto it = where_.find(&p);
     DSP_CHECK(it != where_.end(), "grad buckets: parameter ", p.spec.name, " is not in any bucket");
-    return sharded() ? it->second.range : zero::ShardRange{it->second.range.numel, it->second.range.numel, 0};
+    return sharded() ? it->second.range : ShardRange{it->second.range.numel, it->second.range.numel, 0};
   }
   /// Whether p is in one of the buckets.
-  bool contains(const model::Parameter& p) const { return where_.contains(&p); }
+  bool contains(const Parameter& p) const { return where_.contains(&p); }
   /// The ZeRO stage the buckets reduce for (0: all-reduce of whole gradients).
   int zero_stage() const { return zero_stage_; }
   /// Whether the gradients are kept in 16 bits (the constructor's mixed_precision).
@@ -280,7 +280,7 @@ class GradBuckets {
   /// Number of buckets.
   std::size_t size() const { return buckets_.size(); }
   /// Parameters of bucket i, in the order they become ready.
-  const std::vector<model::Parameter*>& bucket(std::size_t i) const { return buckets_.at(i).params; }
+  const std::vector<Parameter*>& bucket(std::size_t i) const { return buckets_.at(i).params; }
   /// All-reduces bucket i has started since construction (one per step when DP > 1).
   std::int64_t reductions(std::size_t i) const { return buckets_.at(i).reductions; }
   const DdpConfig& config() const { return config_; }
@@ -292,7 +292,7 @@ class GradBuckets {
   using AnyPayload = std::variant<Payload<float>, Payload<bf16>, Payload<fp16>>;
 
   struct Bucket {
-    std::vector<model::Parameter*> params;
+    std::vector<Parameter*> params;
     std::int64_t elements = 0;
     std::int64_t slice_elements = 0;  // ZeRO: the owned slices of the bucket's parameters, padded
     AnyPayload payload;               // in the communication dtype (none allocated: empty)
@@ -308,7 +308,7 @@ class GradBuckets {
     int bucket = 0;
     std::int64_t offset = 0;
     std::int64_t flat = 0;  // offset of the whole gradient in an unsharded payload
-    zero::ShardRange range;
+    ShardRange range;
   };
 
   bool sharded() const { return zero_stage_ >= 1; }
@@ -344,7 +344,7 @@ class GradBuckets {
           for (auto* p : b.params) {
             const Slot& slot = where_.at(p);
             for (int q = 0; q < n; ++q) {
-              const zero::ShardRange r = zero::shard_range(slot.range.numel, n, q);
+              const ShardRange r = shard_range(slot.range.numel, n, q);
               const auto at = static_cast<std::size_t>(q * b.slice_elements + slot.offset);
               pack(*p, p->grad.data() + r.begin, payload.data() + at, static_cast<std::size_t>(r.valid()));
             }
@@ -373,7 +373,7 @@ class GradBuckets {
   // copied wherever each lives; a 16-bit one is rounded (widened) by Backend's convert, which
   // needs both in one memory: throws Error naming the parameter and both memories otherwise.
   template <class T>
-  void pack(const model::Parameter& p, const float* grad, T* out, std::size_t n) const {
+  void pack(const Parameter& p, const float* grad, T* out, std::size_t n) const {
     if constexpr (std::is_same_v<T, float>) {
       copy_elements(copier(p.grad), out, grad, n);
     } else {
@@ -382,7 +382,7 @@ class GradBuckets {
     }
   }
   template <class T>
-  void unpack(const model::Parameter& p, const T* in, float* grad, std::size_t n) const {
+  void unpack(const Parameter& p, const T* in, float* grad, std::size_t n) const {
     if constexpr (std::is_same_v<T, float>) {
       copy_elements(copier(p.grad), grad, in, n);
     } else {
@@ -390,7 +390,7 @@ class GradBuckets {
       convert(Backend{}, static_cast<std::int64_t>(n), in, grad);
     }
   }
-  void check_with_payload(const model::Parameter& p) const {
+  void check_with_payload(const Parameter& p) const {
     DSP_CHECK(p.grad.space() == space_, "grad buckets: ", p.spec.name, "'s gradient is in ",
               p.grad.space() ? p.grad.space()->name() : "host", " memory, the 16-bit payloads in ",
               space_ ? space_->name() : "host", " memory");
@@ -415,7 +415,7 @@ class GradBuckets {
     if (dp_->size() == 1 && !mixed_) return;
     std::visit(
         [&]<class T>(Payload<T>& payload) {
-          for_each_slice(b, payload, [&](model::Parameter& p, std::span<T> slice) {
+          for_each_slice(b, payload, [&](Parameter& p, std::span<T> slice) {
             pack(p, p.grad.data(), slice.data(), slice.size());
           });
           if (releases_gradients())
@@ -432,7 +432,7 @@ class GradBuckets {
   int zero_stage_ = 0;
   bool mixed_ = false;
   std::vector<Bucket> buckets_;
-  std::unordered_map<const model::Parameter*, Slot> where_;
+  std::unordered_map<const Parameter*, Slot> where_;
   std::size_t next_launch_ = 0;
 };
 

@@ -14,8 +14,9 @@
 #include "dsp/backend/linear.hpp"
 #include "dsp/backend/host/swiglu.hpp"
 #include "dsp/core/error.hpp"
-#include "dsp/model/activation_precision.hpp"
-#include "dsp/model/parameter.hpp"
+#include "dsp/precision/activation_precision.hpp"
+#include "dsp/parallel/parameter.hpp"
+#include "dsp/tp/swiglu_spec.hpp"
 
 namespace dsp::ep {
 
@@ -25,27 +26,19 @@ class GroupedExperts {
   struct Saved {
     Tensor x, gate_up, act;
     std::vector<std::int64_t> rows;  ///< [experts] rows of each block
-    model::ActivationPrecision precision = model::ActivationPrecision::Fp32;  ///< of gate_up and act
+    precision::ActivationPrecision precision = precision::ActivationPrecision::Fp32;  ///< of gate_up and act
     std::vector<Tensor*> tensors() { return {&x, &gate_up, &act}; }
   };
 
-  /// One expert per name prefix (e.g. "model.layers.3.mlp.experts.12"), each [ffn, hidden]
-  /// SwiGLU, this rank's shard of tp_size. init_std / down_std: the standard deviations of the
-  /// gate/up and down weights. expert: mark the parameters as expert parameters (reduced over
-  /// the expert-data-parallel group). Throws ConfigError when ffn does not split over tp_size.
-  GroupedExperts(const std::vector<std::string>& prefixes, std::int64_t hidden, std::int64_t ffn, float init_std,
-                 float down_std, std::uint64_t seed, int tp_size, int tp_rank, bool expert)
+  /// One SwiGLU expert per spec (tp::SwiGluSpec::describe, e.g. "model.layers.3.mlp.experts.12"),
+  /// all of width ffn and `hidden` wide, this rank's shard of tp_size (flags such as
+  /// Parameter::expert from the specs). Throws ConfigError when ffn does not split over tp_size.
+  GroupedExperts(const std::vector<tp::SwiGluSpec>& experts, std::int64_t hidden, std::uint64_t seed, int tp_size,
+                 int tp_rank)
       : hidden_(hidden) {
-    for (const auto& prefix : prefixes) {
-      auto gu = std::make_unique<model::Parameter>(
-          ShardedTensor::gate_up(prefix + ".gate_up_proj.weight", hidden, ffn,
-                                 {prefix + ".gate_proj.weight", prefix + ".up_proj.weight"}),
-          model::Init{model::Init::Normal, init_std}, seed, tp_size, tp_rank);
-      auto down = std::make_unique<model::Parameter>(ShardedTensor::split(prefix + ".down_proj.weight", {hidden, ffn}, 1),
-                                                     model::Init{model::Init::Normal, down_std}, seed, tp_size, tp_rank);
-      gu->expert = down->expert = expert;
-      gate_up_.push_back(std::move(gu));
-      down_.push_back(std::move(down));
+    for (const auto& e : experts) {
+      gate_up_.push_back(std::make_unique<Parameter>(e.gate_up, seed, tp_size, tp_rank));
+      down_.push_back(std::make_unique<Parameter>(e.down, seed, tp_size, tp_rank));
     }
     ffn_local_ = gate_up_.empty() ? 0 : gate_up_.front()->value.dim(0) / 2;
   }
@@ -55,10 +48,10 @@ class GroupedExperts {
   /// x [sum rows, hidden], expert e on the rows[e] rows after those of experts < e ->
   /// [sum rows, hidden], this TP rank's partial output. saved may be null (inference); it
   /// keeps x, gate_up and, unless keep_act is false (selective recomputation), the SwiGLU
-  /// activation, both rounded to `precision` (model/activation_precision.hpp). Throws Error when
+  /// activation, both rounded to `precision` (precision/activation_precision.hpp). Throws Error when
   /// rows does not match the experts or x.
   Tensor forward(const Tensor& x, const std::vector<std::int64_t>& rows, Saved* saved, bool keep_act = true,
-                 model::ActivationPrecision precision = model::ActivationPrecision::Fp32) const {
+                 precision::ActivationPrecision precision = precision::ActivationPrecision::Fp32) const {
     check(x, rows);
     const std::int64_t n = x.dim(0), f = ffn_local_;
     Tensor gu({n, 2 * f}), act({n, f}), y({n, hidden_});
@@ -67,9 +60,9 @@ class GroupedExperts {
       if (rows[e] == 0) continue;
       linear_forward(Backend{}, x.data() + r0 * hidden_, gate_up_[e]->value.data(), gu.data() + r0 * 2 * f, rows[e],
                      hidden_, 2 * f);
-      model::round_activations(Backend{}, precision, gu.data() + r0 * 2 * f, rows[e] * 2 * f);
+      precision::round_activations(Backend{}, precision, gu.data() + r0 * 2 * f, rows[e] * 2 * f);
       swiglu_forward(Backend{}, gu.data() + r0 * 2 * f, rows[e], f, act.data() + r0 * f);
-      model::round_activations(Backend{}, precision, act.data() + r0 * f, rows[e] * f);
+      precision::round_activations(Backend{}, precision, act.data() + r0 * f, rows[e] * f);
       linear_forward(Backend{}, act.data() + r0 * f, down_[e]->value.data(), y.data() + r0 * hidden_, rows[e], f,
                      hidden_);
     }
@@ -85,7 +78,7 @@ class GroupedExperts {
     if (s.act.numel() == 0 && n > 0) {
       recomputed = Tensor({n, f});
       swiglu_forward(Backend{}, s.gate_up.data(), n, f, recomputed.data());
-      model::round_activations(Backend{}, s.precision, recomputed);
+      precision::round_activations(Backend{}, s.precision, recomputed);
     }
     const Tensor& act = s.act.numel() > 0 ? s.act : recomputed;
     Tensor dact({n, f}), dgu({n, 2 * f}), dx({n, hidden_});
@@ -107,8 +100,8 @@ class GroupedExperts {
   }
 
   /// Every expert's gate/up then down weight, expert by expert.
-  std::vector<model::Parameter*> parameters() {
-    std::vector<model::Parameter*> p;
+  std::vector<Parameter*> parameters() {
+    std::vector<Parameter*> p;
     for (std::size_t e = 0; e < gate_up_.size(); ++e) {
       p.push_back(gate_up_[e].get());
       p.push_back(down_[e].get());
@@ -127,7 +120,7 @@ class GroupedExperts {
   }
 
   std::int64_t hidden_, ffn_local_ = 0;
-  std::vector<std::unique_ptr<model::Parameter>> gate_up_, down_;
+  std::vector<std::unique_ptr<Parameter>> gate_up_, down_;
 };
 
 }  // namespace dsp::ep

@@ -19,6 +19,7 @@
 #include "dsp/backend/host/rope.hpp"
 #include "dsp/model/config.hpp"
 #include "dsp/model/forward_context.hpp"
+#include "dsp/model/parts.hpp"
 #include "dsp/tp/column_parallel_linear.hpp"
 #include "dsp/tp/row_parallel_linear.hpp"
 
@@ -36,8 +37,9 @@ class Attention {
     std::vector<Tensor*> tensors() { return {&x, &q, &k, &v, &probs, &context}; }
   };
 
-  /// prefix: "model.layers.{i}.self_attn"; layer: global layer index (KV cache slot).
-  Attention(Comm& tp, const ModelConfig& c, const std::string& prefix, std::int64_t layer, std::uint64_t seed)
+  /// Builds this TP rank's shards of `spec` (GqaAttentionSpec::describe); layer: global layer
+  /// index (KV cache slot).
+  Attention(Comm& tp, const ModelConfig& c, const GqaAttentionSpec& spec, std::int64_t layer, std::uint64_t seed)
       : layer_(layer),
         tp_size_(tp.size()),
         d_(c.head_dim()),
@@ -45,13 +47,8 @@ class Attention {
         kv_heads_(c.num_query_groups >= tp.size() ? c.num_query_groups / tp.size() : 1),
         theta_(c.rope_theta),
         flash_(c.use_flash_attn),
-        qkv_(tp,
-             ShardedTensor::qkv(prefix + ".qkv_proj.weight", c.hidden_size, c.num_attention_heads,
-                                c.num_query_groups, c.head_dim(),
-                                {prefix + ".q_proj.weight", prefix + ".k_proj.weight", prefix + ".v_proj.weight"}),
-             {Init::Normal, c.init_method_std}, seed),
-        o_(tp, ShardedTensor::split(prefix + ".o_proj.weight", {c.hidden_size, c.num_attention_heads * d_}, 1),
-           {Init::Normal, scaled_std(c)}, seed) {}
+        qkv_(tp, spec.qkv.tensor, spec.qkv.init, seed),
+        o_(tp, spec.o.tensor, spec.o.init, seed) {}
 
   /// x [tokens, hidden] -> [tokens, hidden]. With ctx.paged (serving), this call's keys and
   /// values are written to their cache slots and each token attends its sequence's cached
@@ -158,10 +155,6 @@ class Attention {
   /// 2 x kv_heads_local x head_dim (the ledger's formula, plan/ledger.hpp).
   std::int64_t kv_values_per_token() const { return 2 * kv_heads_ * d_; }
 
-  /// Megatron's scaled init for output projections: std / sqrt(2 x layers).
-  static float scaled_std(const ModelConfig& c) {
-    return c.init_method_std / std::sqrt(2.0f * static_cast<float>(c.num_layers));
-  }
 
  private:
   // The attention mask of ctx where the tensors are: last = mask_positions (or the positions

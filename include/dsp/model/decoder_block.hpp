@@ -1,15 +1,15 @@
 #pragma once
 // A DeepSeek-style decoder block (pre-norm):
 //   h = x + Attention(RMSNorm(x)),  out = h + FFN(RMSNorm(h)),
-// FFN the dense SwiGLU MLP, or in an MoE layer (ModelConfig::is_moe_layer) the DeepSeekMoE
-// layer (ep::MoELayer).
+// FFN the dense SwiGLU MLP, or in an MoE layer the DeepSeekMoE layer (MoELayer), as the
+// block's DecoderBlockSpec says (layer_kind, model/parts.hpp).
 // Hugging Face names: model.layers.{i}.{input_layernorm, self_attn.*, post_attention_layernorm, mlp.*}.
 #include <memory>
 #include <string>
 
 #include "dsp/backend/host/elementwise.hpp"
 #include "dsp/core/trace.hpp"
-#include "dsp/ep/moe_layer.hpp"
+#include "dsp/model/moe_layer.hpp"
 #include "dsp/model/attention.hpp"
 #include "dsp/model/mlp.hpp"
 #include "dsp/model/rms_norm.hpp"
@@ -25,7 +25,7 @@ class DecoderBlock {
     typename RMSNorm<Policy>::Saved norm1, norm2;
     typename Attention<Policy>::Saved attn;
     typename MLP<Policy>::Saved mlp;
-    typename ep::MoELayer<Policy>::Saved moe;
+    typename MoELayer<Policy>::Saved moe;
     /// Every activation kept (the unused one of mlp and moe is empty).
     std::vector<Tensor*> tensors() {
       std::vector<Tensor*> out;
@@ -35,17 +35,17 @@ class DecoderBlock {
     }
   };
 
-  /// layer: global layer index (names and KV-cache slot use it). ep: the expert-parallel group
-  /// of an MoE layer (unused by dense layers).
-  DecoderBlock(Comm& tp, Comm& ep, const ModelConfig& c, std::int64_t layer, std::uint64_t seed)
-      : norm1_(prefix(layer) + ".input_layernorm.weight", c.hidden_size, c.norm_epsilon, tp.size(), tp.rank()),
-        attn_(tp, c, prefix(layer) + ".self_attn", layer, seed),
-        norm2_(prefix(layer) + ".post_attention_layernorm.weight", c.hidden_size, c.norm_epsilon, tp.size(),
-               tp.rank()),
-        forward_span_("layers." + std::to_string(layer) + ".forward"),
-        backward_span_("layers." + std::to_string(layer) + ".backward") {
-    if (c.is_moe_layer(layer)) moe_ = std::make_unique<ep::MoELayer<Policy>>(tp, ep, c, layer, Attention<Policy>::scaled_std(c), seed);
-    else mlp_ = std::make_unique<MLP<Policy>>(tp, c, prefix(layer) + ".mlp", seed);
+  /// Builds this rank's shards of `spec` (DecoderBlockSpec::describe; spec.layer: the global
+  /// layer index, which names and the KV-cache slot use), in the spec's order. ep: the
+  /// expert-parallel group of an MoE layer (unused by dense layers).
+  DecoderBlock(Comm& tp, Comm& ep, const ModelConfig& c, const DecoderBlockSpec& spec, std::uint64_t seed)
+      : norm1_(spec.input_norm, c.norm_epsilon, tp.size(), tp.rank()),
+        attn_(tp, c, spec.attention, spec.layer, seed),
+        norm2_(spec.post_attention_norm, c.norm_epsilon, tp.size(), tp.rank()),
+        forward_span_("layers." + std::to_string(spec.layer) + ".forward"),
+        backward_span_("layers." + std::to_string(spec.layer) + ".backward") {
+    if (spec.moe) moe_ = std::make_unique<MoELayer<Policy>>(tp, ep, c, spec.layer, *spec.moe, seed);
+    else mlp_ = std::make_unique<MLP<Policy>>(tp, *spec.mlp, seed);
   }
 
   /// x [tokens, hidden] -> [tokens, hidden]; saved may be null (inference). The normalised
@@ -86,20 +86,18 @@ class DecoderBlock {
   /// Saved state that gradients do not train (an MoE layer's expert bias).
   std::vector<Parameter*> buffers() { return moe_ ? moe_->buffers() : std::vector<Parameter*>{}; }
   /// The MoE layer, null in a dense layer.
-  ep::MoELayer<Policy>* moe() { return moe_.get(); }
+  MoELayer<Policy>* moe() { return moe_.get(); }
   std::span<float> replicated_kv_grad() { return attn_.replicated_kv_grad(); }
   std::int64_t kv_heads_local() const { return attn_.kv_heads_local(); }
   /// Values per token in this layer's paged KV cache on this rank (Attention::kv_values_per_token).
   std::int64_t kv_values_per_token() const { return attn_.kv_values_per_token(); }
-
-  static std::string prefix(std::int64_t layer) { return "model.layers." + std::to_string(layer); }
 
  private:
   RMSNorm<Policy> norm1_;
   Attention<Policy> attn_;
   RMSNorm<Policy> norm2_;
   std::unique_ptr<MLP<Policy>> mlp_;          // dense layer
-  std::unique_ptr<ep::MoELayer<Policy>> moe_;  // MoE layer
+  std::unique_ptr<MoELayer<Policy>> moe_;  // MoE layer
   std::string forward_span_, backward_span_;  // trace names: "layers.{layer}.forward", ...
 };
 

@@ -8,7 +8,7 @@
 
 #include "dsp/backend/paged_kv.hpp"
 #include "dsp/ep/moe_options.hpp"
-#include "dsp/model/activation_precision.hpp"
+#include "dsp/precision/activation_precision.hpp"
 #include "dsp/model/recompute.hpp"
 
 namespace dsp::model {
@@ -54,7 +54,7 @@ struct ForwardContext {
   RecomputeConfig recompute;              ///< what a training forward keeps for backward
   bool recomputing = false;               ///< a forward re-run in backward: layers count nothing twice
   /// Training with mixed precision: the 16-bit type activations are rounded to and kept in.
-  ActivationPrecision activations = ActivationPrecision::Fp32;
+  precision::ActivationPrecision activations = precision::ActivationPrecision::Fp32;
 
   std::int64_t tokens() const { return batch * seq; }
   /// Whether attention reads key_begin / mask_positions (packed documents) instead of only positions.

@@ -3,14 +3,12 @@
 // split over TP), down projection row-parallel.
 //   x [tokens, hidden] -> gate_up [tokens, 2 ffn/tp] -> silu(gate) * up [tokens, ffn/tp]
 //   -> down_proj -> [tokens, hidden] (all-reduced)
-#include <string>
 
 #include "dsp/backend/host/swiglu.hpp"
-#include "dsp/model/activation_precision.hpp"
-#include "dsp/model/attention.hpp"
-#include "dsp/model/config.hpp"
+#include "dsp/precision/activation_precision.hpp"
 #include "dsp/tp/column_parallel_linear.hpp"
 #include "dsp/tp/row_parallel_linear.hpp"
+#include "dsp/tp/swiglu_spec.hpp"
 
 namespace dsp::model {
 
@@ -21,24 +19,19 @@ class MLP {
   using Comm = typename Policy::Comm;
   struct Saved {
     Tensor x, gate_up, act;
-    ActivationPrecision precision = ActivationPrecision::Fp32;  ///< what gate_up and act are rounded to
+    precision::ActivationPrecision precision = precision::ActivationPrecision::Fp32;  ///< what gate_up and act are rounded to
     std::vector<Tensor*> tensors() { return {&x, &gate_up, &act}; }
   };
 
-  /// prefix: "model.layers.{i}.mlp".
-  MLP(Comm& tp, const ModelConfig& c, const std::string& prefix, std::uint64_t seed)
-      : gate_up_(tp,
-                 ShardedTensor::gate_up(prefix + ".gate_up_proj.weight", c.hidden_size, c.ffn_hidden_size,
-                                        {prefix + ".gate_proj.weight", prefix + ".up_proj.weight"}),
-                 {Init::Normal, c.init_method_std}, seed),
-        down_(tp, ShardedTensor::split(prefix + ".down_proj.weight", {c.hidden_size, c.ffn_hidden_size}, 1),
-              {Init::Normal, Attention<Policy>::scaled_std(c)}, seed) {}
+  /// Builds this TP rank's shards of `spec` (e.g. "model.layers.{i}.mlp": DecoderBlockSpec).
+  MLP(Comm& tp, const tp::SwiGluSpec& spec, std::uint64_t seed)
+      : gate_up_(tp, spec.gate_up.tensor, spec.gate_up.init, seed), down_(tp, spec.down.tensor, spec.down.init, seed) {}
 
   /// x [tokens, hidden] -> [tokens, hidden]. saved keeps x, gate_up and (unless keep_act is
   /// false: selective recomputation) the SwiGLU activation; gate_up and the activation are
-  /// rounded to `precision` (model/activation_precision.hpp).
+  /// rounded to `precision` (precision/activation_precision.hpp).
   Tensor forward(const Tensor& x, Saved* saved, bool keep_act = true,
-                 ActivationPrecision precision = ActivationPrecision::Fp32) {
+                 precision::ActivationPrecision precision = precision::ActivationPrecision::Fp32) {
     Tensor gu = gate_up_.forward(x);
     round_activations(Backend{}, precision, gu);
     const std::int64_t n = x.dim(0), f = gu.dim(1) / 2;

@@ -3,7 +3,7 @@
 #include <string>
 
 #include "dsp/backend/host/rms_norm.hpp"
-#include "dsp/model/parameter.hpp"
+#include "dsp/parallel/parameter.hpp"
 
 namespace dsp::model {
 
@@ -18,8 +18,9 @@ class RMSNorm {
     std::vector<Tensor*> tensors() { return {&x}; }
   };
 
-  RMSNorm(std::string name, std::int64_t hidden, float eps, int tp_size, int tp_rank)
-      : weight_(ShardedTensor::replicated(std::move(name), {hidden}), {Init::Ones}, 0, tp_size, tp_rank), eps_(eps) {}
+  /// weight: a replicated [hidden] (DecoderBlockSpec::norm); every TP rank holds all of it.
+  RMSNorm(const ParameterSpec& weight, float eps, int tp_size, int tp_rank)
+      : weight_(weight, 0, tp_size, tp_rank), eps_(eps) {}
 
   /// x [tokens, hidden] -> y [tokens, hidden]; saved (may be null when not training).
   Tensor forward(const Tensor& x, Saved* saved) const {

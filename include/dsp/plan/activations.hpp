@@ -4,7 +4,7 @@
 //
 // Two counts, side by side:
 //  - dsp_layer_activation_bytes: dsp's own, derived from the Saved structs the layers fill
-//    (model/rms_norm.hpp, attention.hpp, mlp.hpp, ep/moe_layer.hpp, ep/grouped_experts.hpp,
+//    (model/rms_norm.hpp, attention.hpp, mlp.hpp, model/moe_layer.hpp, ep/grouped_experts.hpp,
 //    ep/router.hpp Routing, ep/expert_dispatcher.hpp DispatchPlan) and pp::PipelineStage::
 //    Activations. Every saved tensor is its own copy (dsp::Tensor copies deeply), so e.g. a
 //    block's input is kept by the first norm and its normalised output again by attention.

@@ -39,7 +39,7 @@
 // fp32 masters and moments; exact at DP 4, tests/plan/test_ledger_measured.cpp), fp32 activations without recomputation (dsp::memory counts Tensor storage;
 // the fp32 statistics and index vectors kept in std::vector are not counted there), KV cache
 // (exact), the step's peak with and without recomputation (within 10%,
-// tests/plan/test_ledger_peak.cpp, fp32), and 16-bit activations (model/activation_precision.hpp:
+// tests/plan/test_ledger_peak.cpp, fp32), and 16-bit activations (precision/activation_precision.hpp:
 // the bytes a Bf16Mixed forward keeps are exactly the formula's with 2 bytes per element,
 // tests/plan/test_ledger.cpp). A mixed-precision step's measured peak on the Host backend is
 // 26-39% above the ledger's total (small model, TP1 x DP2, TP2 x PP2, full and selective

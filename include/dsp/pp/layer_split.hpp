@@ -1,28 +1,21 @@
 #pragma once
-// Which global decoder layers each (virtual) pipeline stage holds. Stages hold contiguous,
-// ordered ranges that together cover layers 0..L-1 exactly once; the first stage also holds
-// the embedding, the last one the final norm and the output layer (Megatron's pre_process /
-// post_process).
+// Which of the model's parts (global decoder layers) each (virtual) pipeline stage holds: the
+// assignment of parts to stages. Stages hold contiguous, ordered ranges that together cover
+// layers 0..L-1 exactly once; the first stage also holds the embedding, the last one the final
+// norm and the output layer (Megatron's pre_process / post_process).
 #include <cstdint>
 #include <numeric>
 #include <string>
 #include <vector>
 
 #include "dsp/core/error.hpp"
+#include "dsp/model/part_range.hpp"
 
 namespace dsp::pp {
 
-/// One stage's part of the model: layers [first_layer, first_layer + num_layers).
-struct StageLayers {
-  std::int64_t first_layer = 0;
-  std::int64_t num_layers = 0;
-  bool pre_process = true;   ///< holds the input embedding (first stage)
-  bool post_process = true;  ///< holds the final norm, output layer and loss (last stage)
-
-  /// The whole model on one stage.
-  static StageLayers whole(std::int64_t num_layers) { return {0, num_layers, true, true}; }
-  bool operator==(const StageLayers&) const = default;
-};
+/// One stage's part of the model: the parts of layers [first_layer, first_layer + num_layers),
+/// with the embedding on the first stage and the output layer on the last.
+using StageLayers = model::PartRange;
 
 /// Layers per stage for `num_layers` over `stages` stages, as even as possible: with
 /// L = q * S + r, stages 0..r-1 get q + 1 layers and the others q (so 30 layers on 4 stages

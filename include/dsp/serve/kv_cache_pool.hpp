@@ -2,7 +2,7 @@
 // KvCachePool: one rank's paged KV cache storage, a pool of num_blocks blocks per layer
 // (layout in backend/paged_kv.hpp) in the current memory space, in fp32 or really 16 bits.
 // How many values a token takes in a layer comes from that layer's attention
-// (PipelineStage::kv_values_per_token: 2 x kv_heads/TP x head_dim for GQA), so the pool and
+// (model::CausalLM::kv_values_per_token: 2 x kv_heads/TP x head_dim for GQA), so the pool and
 // the block manager know nothing of the attention's details.
 #include <cstddef>
 #include <cstdint>

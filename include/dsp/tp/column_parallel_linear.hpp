@@ -6,7 +6,7 @@
 #include <memory>
 
 #include "dsp/backend/linear.hpp"
-#include "dsp/model/parameter.hpp"
+#include "dsp/parallel/parameter.hpp"
 #include "dsp/tp/mappings.hpp"
 
 namespace dsp::tp {
@@ -18,15 +18,15 @@ class ColumnParallelLinear {
   using Comm = typename Policy::Comm;
 
   /// Owns a weight described by `spec` (split along dim 0: Split, Vocab, Qkv or GateUp),
-  /// initialised as model::Parameter does. gather_output: forward returns the full
+  /// initialised as dsp::Parameter does. gather_output: forward returns the full
   /// [tokens, out] (padding included) instead of this rank's columns.
-  ColumnParallelLinear(Comm& tp, ShardedTensor spec, model::Init init, std::uint64_t seed, bool gather_output = false)
+  ColumnParallelLinear(Comm& tp, ShardedTensor spec, Init init, std::uint64_t seed, bool gather_output = false)
       : tp_(&tp),
-        owned_(std::make_unique<model::Parameter>(std::move(spec), init, seed, tp.size(), tp.rank())),
+        owned_(std::make_unique<Parameter>(std::move(spec), init, seed, tp.size(), tp.rank())),
         weight_(owned_.get()),
         gather_output_(gather_output) {}
   /// Uses an existing parameter of shape [out/tp, in] (tied input/output embeddings).
-  ColumnParallelLinear(Comm& tp, model::Parameter& shared, bool gather_output = false)
+  ColumnParallelLinear(Comm& tp, Parameter& shared, bool gather_output = false)
       : tp_(&tp), weight_(&shared), gather_output_(gather_output) {}
 
   /// x [tokens, in] (same on every TP rank) -> [tokens, out/tp], or [tokens, out_padded]
@@ -50,15 +50,15 @@ class ColumnParallelLinear {
     return dx;
   }
 
-  model::Parameter& weight() { return *weight_; }
-  const model::Parameter& weight() const { return *weight_; }
+  Parameter& weight() { return *weight_; }
+  const Parameter& weight() const { return *weight_; }
   std::int64_t in() const { return weight_->value.dim(1); }
   std::int64_t out_local() const { return weight_->value.dim(0); }
 
  private:
   Comm* tp_;
-  std::unique_ptr<model::Parameter> owned_;
-  model::Parameter* weight_;
+  std::unique_ptr<Parameter> owned_;
+  Parameter* weight_;
   bool gather_output_;
 };
 

@@ -7,7 +7,7 @@
 #include <memory>
 
 #include "dsp/backend/linear.hpp"
-#include "dsp/model/parameter.hpp"
+#include "dsp/parallel/parameter.hpp"
 #include "dsp/tp/mappings.hpp"
 
 namespace dsp::tp {
@@ -21,7 +21,7 @@ class RowParallelLinear {
   /// spec: a Split tensor of global [out, in] with split_dim 1. input_is_parallel: the input
   /// already is this rank's [tokens, in/tp] (the output of a ColumnParallelLinear); else the
   /// input is the full [tokens, in] and is scattered first.
-  RowParallelLinear(Comm& tp, ShardedTensor spec, model::Init init, std::uint64_t seed, bool input_is_parallel = true)
+  RowParallelLinear(Comm& tp, ShardedTensor spec, Init init, std::uint64_t seed, bool input_is_parallel = true)
       : tp_(&tp),
         weight_(std::move(spec), init, seed, tp.size(), tp.rank()),
         input_is_parallel_(input_is_parallel) {}
@@ -47,14 +47,14 @@ class RowParallelLinear {
     return ScatterToTpRegion<Backend>::backward(*tp_, dx);
   }
 
-  model::Parameter& weight() { return weight_; }
-  const model::Parameter& weight() const { return weight_; }
+  Parameter& weight() { return weight_; }
+  const Parameter& weight() const { return weight_; }
   std::int64_t out() const { return weight_.value.dim(0); }
   std::int64_t in_local() const { return weight_.value.dim(1); }
 
  private:
   Comm* tp_;
-  model::Parameter weight_;
+  Parameter weight_;
   bool input_is_parallel_;
 };
 

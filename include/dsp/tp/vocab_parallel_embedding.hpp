@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "dsp/backend/host/embedding.hpp"
-#include "dsp/model/parameter.hpp"
+#include "dsp/parallel/parameter.hpp"
 #include "dsp/tp/mappings.hpp"
 
 namespace dsp::tp {
@@ -18,10 +18,12 @@ class VocabParallelEmbedding {
   using Comm = typename Policy::Comm;
 
   /// name: global parameter name; table global shape [vocab, hidden].
-  VocabParallelEmbedding(Comm& tp, std::string name, std::int64_t vocab, std::int64_t hidden, model::Init init,
+  VocabParallelEmbedding(Comm& tp, std::string name, std::int64_t vocab, std::int64_t hidden, Init init,
                          std::uint64_t seed)
-      : tp_(&tp), vocab_(vocab), weight_(ShardedTensor::vocab(std::move(name), {vocab, hidden}), init, seed,
-                                         tp.size(), tp.rank()) {}
+      : VocabParallelEmbedding(tp, ParameterSpec{ShardedTensor::vocab(std::move(name), {vocab, hidden}), init}, seed) {}
+  /// The table `weight` (a ShardedTensor::vocab [vocab, hidden]), this rank's rows.
+  VocabParallelEmbedding(Comm& tp, const ParameterSpec& weight, std::uint64_t seed)
+      : tp_(&tp), vocab_(weight.tensor.global_shape.at(0)), weight_(weight, seed, tp.size(), tp.rank()) {}
 
   /// ids [tokens] in [0, vocab) -> [tokens, hidden], the same on every TP rank.
   /// Throws InputError for an id outside the vocabulary.
@@ -41,7 +43,7 @@ class VocabParallelEmbedding {
                        dy.data(), rows_local(), row_offset(), hidden(), weight_.grad.data());
   }
 
-  model::Parameter& weight() { return weight_; }
+  Parameter& weight() { return weight_; }
   std::int64_t hidden() const { return weight_.value.dim(1); }
   std::int64_t rows_local() const { return weight_.value.dim(0); }
   std::int64_t row_offset() const { return rows_local() * tp_->rank(); }
@@ -49,7 +51,7 @@ class VocabParallelEmbedding {
  private:
   Comm* tp_;
   std::int64_t vocab_;
-  model::Parameter weight_;
+  Parameter weight_;
 };
 
 }  // namespace dsp::tp

@@ -61,7 +61,7 @@ struct WholeParameters {
 // elements [begin, begin + n) of the TP-local shard.
 template <class Optimizer, class F>
 void for_each_moment(Optimizer& opt, std::size_t i, F&& f) {
-  const zero::ShardRange r = opt.range(i);
+  const dp::ShardRange r = opt.range(i);
   for (auto [prefix, moment] : {std::pair{"exp_avg.", &opt.exp_avg(i)}, std::pair{"exp_avg_sq.", &opt.exp_avg_sq(i)}}) {
     ShardedTensor spec = opt.parameters()[i]->spec;
     spec.name = std::string(checkpoint::optimizer_prefix) + prefix + spec.name;
@@ -104,7 +104,7 @@ checkpoint::State with_all_experts(const checkpoint::State& state, Comm& ep, std
   constexpr int tag = 7;  // expert tensors to the checkpoint writer
   checkpoint::State out;
   for (const auto& entry : state) {
-    const auto g = ep::expert_index(entry.spec.name);
+    const auto g = model::expert_index(entry.spec.name);
     if (!g) {
       out.push_back(entry);
       continue;
@@ -118,7 +118,7 @@ checkpoint::State with_all_experts(const checkpoint::State& state, Comm& ep, std
     for (int q = 1; q < ep.size(); ++q) {
       Tensor& t = storage.emplace_back(entry.local->shape());
       ep.recv(t.raw_span(), q, tag);
-      out.push_back({ep::with_expert_index(entry.spec, q * num_local_experts + local), &t});
+      out.push_back({model::with_expert_index(entry.spec, q * num_local_experts + local), &t});
     }
   }
   return out;

@@ -43,7 +43,7 @@
 #include "dsp/dp/grad_buckets.hpp"
 #include "dsp/ep/balance.hpp"
 #include "dsp/ep/moe_options.hpp"
-#include "dsp/model/activation_precision.hpp"
+#include "dsp/precision/activation_precision.hpp"
 #include "dsp/model/document_mask.hpp"
 #include "dsp/model/forward_context.hpp"
 #include "dsp/parallel/device_mesh.hpp"
@@ -223,10 +223,10 @@ class Trainer {
   using Stage = pp::PipelineStage<ModelPolicy>;
   using Optimizer = zero::ZeroOptimizer<Backend, Comm, Storage>;
   /// What activations are rounded to and kept in: the storage type (model/activation_precision.hpp).
-  static constexpr model::ActivationPrecision activation_precision =
-      std::is_same_v<Storage, bf16>   ? model::ActivationPrecision::Bf16
-      : std::is_same_v<Storage, fp16> ? model::ActivationPrecision::Fp16
-                                      : model::ActivationPrecision::Fp32;
+  static constexpr precision::ActivationPrecision activation_precision =
+      std::is_same_v<Storage, bf16>   ? precision::ActivationPrecision::Bf16
+      : std::is_same_v<Storage, fp16> ? precision::ActivationPrecision::Fp16
+                                      : precision::ActivationPrecision::Fp32;
   /// What the model's matrix products multiply in during train_step() and evaluate(): the
   /// storage type (backend/matmul_precision.hpp; Megatron's --bf16 / --fp16 GEMMs: 16-bit
   /// inputs, fp32 accumulation).
@@ -344,7 +344,7 @@ class Trainer {
     const double loss_tokens = std::max(counts[0], 1.0);
     const double loss_scale = scaler_ ? double(scaler_->scale()) : 1.0;
     std::vector<double> loss_sum{0.0};  // on the last stage
-    const typename Stage::GradReadyFn ready = [&](model::Parameter& p) {
+    const typename Stage::GradReadyFn ready = [&](Parameter& p) {
       (p.expert ? expert_buckets_ : buckets_).mark_ready(p);
     };
     std::map<std::pair<int, int>, typename Stage::Activations> stash;  // (micro-batch, stage)
@@ -478,15 +478,15 @@ class Trainer {
 
   /// What a checkpoint holds of this rank's model: every chunk's parameters and buffers (MoE
   /// expert biases), chunk after chunk (PipelineStage::state_parameters).
-  std::vector<model::Parameter*> state_parameters() {
-    std::vector<model::Parameter*> out;
+  std::vector<Parameter*> state_parameters() {
+    std::vector<Parameter*> out;
     for (auto& s : stages_)
       for (auto* p : s->state_parameters()) out.push_back(p);
     return out;
   }
   /// This rank's MoE layers, chunk after chunk.
-  std::vector<ep::MoELayer<ModelPolicy>*> moe_layers() {
-    std::vector<ep::MoELayer<ModelPolicy>*> out;
+  std::vector<model::MoELayer<ModelPolicy>*> moe_layers() {
+    std::vector<model::MoELayer<ModelPolicy>*> out;
     for (auto& s : stages_)
       for (auto* m : s->moe_layers()) out.push_back(m);
     return out;
@@ -502,8 +502,8 @@ class Trainer {
   precision::DynamicLossScaler* loss_scaler() { return scaler_ ? &*scaler_ : nullptr; }
 
   /// Every parameter of this rank (all chunks), in chunk order.
-  std::vector<model::Parameter*> parameters() {
-    std::vector<model::Parameter*> out;
+  std::vector<Parameter*> parameters() {
+    std::vector<Parameter*> out;
     for (auto& s : stages_)
       for (auto* p : s->parameters()) out.push_back(p);
     return out;
@@ -605,18 +605,18 @@ class Trainer {
   Stage& chunk(int virtual_stage) { return *stages_[static_cast<std::size_t>(engine_.schedule().chunk_of(virtual_stage))]; }
 
   // This rank's table of tied embeddings split over stages, or null.
-  model::Parameter* tied_embedding() {
+  Parameter* tied_embedding() {
     for (auto& s : stages_)
-      if (model::Parameter* t = s->tied_embedding()) return t;
+      if (Parameter* t = s->tied_embedding()) return t;
     return nullptr;
   }
 
   // The order gradients become final on this rank: chunk after chunk as their last backward
   // comes in the schedule; a tied table last of all (it waits for the other stage's part).
   // Only the routed experts' parameters (expert) or only the others.
-  std::vector<model::Parameter*> grad_ready_order(bool expert) {
-    std::vector<model::Parameter*> out;
-    model::Parameter* tied = tied_embedding();
+  std::vector<Parameter*> grad_ready_order(bool expert) {
+    std::vector<Parameter*> out;
+    Parameter* tied = tied_embedding();
     for (int s : engine_.stages_by_last_backward())
       for (auto* p : chunk(s).grad_ready_order())
         if (p != tied && p->expert == expert) out.push_back(p);
@@ -633,7 +633,7 @@ class Trainer {
     const std::int64_t e = c.num_experts, width = e + 2;  // load [E], dropped, aux loss
     std::vector<double> sums(static_cast<std::size_t>((c.num_layers - c.first_k_dense_replace) * width));
     for (auto* m : moe_layers()) {
-      const ep::MoeLayerStats& st = m->stats();
+      const model::MoeLayerStats& st = m->stats();
       double* row = sums.data() + (st.layer - c.first_k_dense_replace) * width;
       for (std::int64_t i = 0; i < e; ++i) row[i] = double(st.tokens_per_expert[static_cast<std::size_t>(i)]);
       row[e] = double(st.dropped);
@@ -655,7 +655,7 @@ class Trainer {
   // layer's expert bias by the same step, from the global load of the step.
   void update_expert_biases(const std::vector<MoeStepStats>& stats) {
     for (auto* m : moe_layers()) {
-      model::Parameter* bias = m->expert_bias();
+      Parameter* bias = m->expert_bias();
       if (!bias) continue;
       const MoeStepStats& st = stats[static_cast<std::size_t>(m->stats().layer - model_config().first_k_dense_replace)];
       Tensor host = bias->value.to_host();  // [E]: updated on the host wherever the bias lives
@@ -677,7 +677,7 @@ class Trainer {
   // Tied embeddings over stages: the first and last stage sum their table's gradient, then
   // it is final (its DP bucket may start).
   void sum_tied_embedding_grads() {
-    model::Parameter* t = tied_embedding();
+    Parameter* t = tied_embedding();
     if (!embedding_group_ || !t) return;
     trace::Span span("tied_embedding.all_reduce", trace::Kind::Comm);
     embedding_group_->all_reduce(t->grad.raw_span());

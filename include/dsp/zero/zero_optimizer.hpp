@@ -5,13 +5,13 @@
 //   stage 0  every rank holds whole gradients and moments (plain data parallelism: the
 //            buckets all-reduce);
 //   stage 1  Adam moments partitioned: the buckets reduce-scatter, each rank updates the
-//            slice of every parameter it owns (zero/partition.hpp) and all-gathers the
+//            slice of every parameter it owns (dp/partition.hpp) and all-gathers the
 //            parameters after the step;
 //   stage 2  gradients partitioned too: a full gradient exists only from the first backward
 //            that reaches its part of the model (acquire) until its bucket is packed for the
 //            reduce-scatter; what stays is the owned slice;
 //   stage 3  parameters partitioned too: each rank keeps its slices; a part's parameters
-//            (embedding, one block, the output head; pp::PipelineStage::parameter_parts) are
+//            (embedding, one block, the output head; model::CausalLM::parameter_parts) are
 //            all-gathered just before its forward and its backward and freed after, and the
 //            part expected next is gathered in the background meanwhile (prefetch).
 // Routed experts are partitioned over the expert-data-parallel group (their own buckets).
@@ -50,9 +50,9 @@
 #include "dsp/core/memory_space.hpp"
 #include "dsp/core/space_buffer.hpp"
 #include "dsp/dp/grad_buckets.hpp"
-#include "dsp/model/parameter.hpp"
+#include "dsp/parallel/parameter.hpp"
 #include "dsp/precision/loss_scaler.hpp"
-#include "dsp/zero/partition.hpp"
+#include "dsp/dp/partition.hpp"
 
 namespace dsp::zero {
 
@@ -109,7 +109,7 @@ class ZeroOptimizer {
   /// (MemorySpace::pinned_host(); ordinary host memory when it has none), allocated once;
   /// with mixed precision the master slice is there too, and the pinned copies are of the
   /// 16-bit gradient (Gradients) and of the rounded slice the CPU sends back (Parameters), in T.
-  ZeroOptimizer(std::vector<model::Parameter*> params, std::vector<Buckets*> buckets, AdamWConfig config,
+  ZeroOptimizer(std::vector<Parameter*> params, std::vector<Buckets*> buckets, AdamWConfig config,
                 int tp_size, int tp_rank, double offload_ratio = 0.0)
       : config_(config),
         stage_(buckets.at(0)->zero_stage()),
@@ -301,14 +301,14 @@ class ZeroOptimizer {
     if (stage_ == 1 || stage_ == 2) gather_parameters();
   }
 
-  /// pp::PipelineStage::ParameterHooks::acquire. From stage 2 and with mixed precision, before
+  /// model::CausalLM::ParameterHooks::acquire. From stage 2 and with mixed precision, before
   /// a backward: allocates the zero fp32 gradient of each parameter of `part` that has none.
   /// Mixed precision below stage 3: widens each parameter of `part` into its fp32 values. At
   /// stage 3: makes each parameter of `part` whole (the all-gather started for it as the last
   /// `next`, or one now) and starts gathering `next` in the background. Collective over the
   /// parameters' groups: every data-parallel rank makes the same calls (same schedule), so the
   /// gathers match.
-  void acquire(const std::vector<model::Parameter*>& part, const std::vector<model::Parameter*>* next, bool backward) {
+  void acquire(const std::vector<Parameter*>& part, const std::vector<Parameter*>* next, bool backward) {
     if ((stage_ >= 2 || mixed) && backward)
       for (auto* p : part)
         if (p->grad.empty()) p->grad = Tensor(slot(*p).shape, memory::Category::Gradients);
@@ -339,9 +339,9 @@ class ZeroOptimizer {
       prefetched_ = next;
     }
   }
-  /// pp::PipelineStage::ParameterHooks::release: at stage 3 and with mixed precision frees the
+  /// model::CausalLM::ParameterHooks::release: at stage 3 and with mixed precision frees the
   /// fp32 values of each parameter of `part` no other acquired part still reads.
-  void release(const std::vector<model::Parameter*>& part) {
+  void release(const std::vector<Parameter*>& part) {
     if (!transient_values()) return;
     for (auto* p : part) {
       Slot& s = slot(*p);
@@ -383,8 +383,8 @@ class ZeroOptimizer {
   std::int64_t steps() const { return step_; }
   void set_steps(std::int64_t s) { step_ = s; }
   /// The parameters, in the order given.
-  std::vector<model::Parameter*> parameters() const {
-    std::vector<model::Parameter*> out;
+  std::vector<Parameter*> parameters() const {
+    std::vector<Parameter*> out;
     for (const auto& s : slots_) out.push_back(s.p);
     return out;
   }
@@ -395,17 +395,17 @@ class ZeroOptimizer {
   Tensor& exp_avg(std::size_t i) { return slots_.at(i).exp_avg; }
   Tensor& exp_avg_sq(std::size_t i) { return slots_.at(i).exp_avg_sq; }
   /// The slice of parameter i this rank owns (the whole parameter at stage 0).
-  ShardRange range(std::size_t i) const { return slots_.at(i).range; }
+  dp::ShardRange range(std::size_t i) const { return slots_.at(i).range; }
   /// The group parameter i's state is partitioned over (from stage 1) and its gradient reduced
   /// over: the data-parallel group, the expert-data-parallel group for a routed expert.
   Comm& group(std::size_t i) { return slots_.at(i).buckets->group(); }
 
  private:
   struct Slot {
-    model::Parameter* p = nullptr;
+    Parameter* p = nullptr;
     bool offloaded = false;          // moments (and master) in host memory, updated by the CPU
     Buckets* buckets = nullptr;
-    ShardRange range;
+    dp::ShardRange range;
     Shape shape;                     // the whole local shape
     Tensor exp_avg, exp_avg_sq;      // the owned slice (whole at stage 0)
     Tensor master;                   // mixed precision: fp32 master weights of the owned slice
@@ -481,7 +481,7 @@ class ZeroOptimizer {
     comm::Work work;
   };
 
-  Slot& slot(const model::Parameter& p) {
+  Slot& slot(const Parameter& p) {
     const auto it = index_.find(&p);
     DSP_CHECK(it != index_.end(), "zero: parameter ", p.spec.name, " is not this optimizer's");
     return slots_[it->second];
@@ -548,7 +548,7 @@ class ZeroOptimizer {
   // Starts all-gathering every parameter of `part` that is not whole yet (every buffer
   // allocated first: an allocation that fails leaves no gather in flight; a start that fails
   // leaves the buffers of those started to comm::detail::keep_until_exit).
-  std::vector<Gather> start_gather(const std::vector<model::Parameter*>& part) {
+  std::vector<Gather> start_gather(const std::vector<Parameter*>& part) {
     std::vector<Gather> out;
     for (auto* p : part) {
       Slot& s = slot(*p);
@@ -574,7 +574,7 @@ class ZeroOptimizer {
     try {
       for (auto& g : gathers) {
         g.work.wait();
-        model::Parameter& p = *g.slot->p;
+        Parameter& p = *g.slot->p;
         if (!p.value.empty()) continue;
         p.value = Tensor(g.slot->shape, memory::Category::Parameters);
         load(g.all.data(), p.value);
@@ -652,9 +652,9 @@ class ZeroOptimizer {
   Comm* data_;
   MemorySpace* space_;  // the current memory space at construction: where fp32 values, gradients and buffers live
   std::vector<Slot> slots_;
-  std::unordered_map<const model::Parameter*, std::size_t> index_;
+  std::unordered_map<const Parameter*, std::size_t> index_;
   std::vector<Gather> prefetch_;
-  const std::vector<model::Parameter*>* prefetched_ = nullptr;
+  const std::vector<Parameter*>* prefetched_ = nullptr;
   std::int64_t step_ = 0;
   float grad_factor_ = 1.0f;  // mixed precision: 1 / loss scale x clipping factor, until step()
 };

@@ -2,7 +2,7 @@
 // Conversions between fp32 and the 16-bit element types (bf16, fp16; core/dtype.hpp): what the
 // gradient buckets use to send gradients in 16 bits (--grad-reduce-dtype), mixed precision to
 // store parameters and packed activations in 16 bits, and round_to to round fp32 activations to
-// 16-bit values (model/activation_precision.hpp), wherever they live.
+// 16-bit values (precision/activation_precision.hpp), wherever they live.
 // fp32 -> 16 bits rounds to nearest, ties to even (fp16: infinity from 65520 up; NaN stays a
 // quiet NaN); 16 bits -> fp32 is exact. The CUDA ops (backend/cuda/convert.cuh) apply the same
 // functions per element, so both backends give the same bits.

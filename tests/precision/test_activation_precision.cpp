@@ -1,4 +1,4 @@
-// 16-bit activations (model/activation_precision.hpp): rounding is bf16's / fp16's conversion,
+// 16-bit activations (precision/activation_precision.hpp): rounding is bf16's / fp16's conversion,
 // packing stores 2 bytes per element (measured by the memory counters) and unpacking gives the
 // rounded values back exactly, in order, empty tensors included; a whole model's training
 // forward keeps exactly half the fp32 bytes (every kept tensor is packed), and its loss moves by
@@ -15,7 +15,7 @@
 #include "dsp/core/dtype.hpp"
 #include "dsp/core/memory.hpp"
 #include "dsp/core/memory_space.hpp"
-#include "dsp/model/activation_precision.hpp"
+#include "dsp/precision/activation_precision.hpp"
 #include "dsp/model/causal_lm.hpp"
 #include "dsp/parallel/device_mesh.hpp"
 #include "dsp/policy.hpp"
@@ -24,7 +24,7 @@
 using namespace dsp;
 
 namespace model_activation_precision_test {
-using model::ActivationPrecision;
+using precision::ActivationPrecision;
 
 namespace {
 
@@ -40,7 +40,7 @@ TEST_CASE("round_activations is the 16-bit conversion, and nothing in fp32") {
   const Tensor x = ramp({5, 7});
   for (ActivationPrecision p : {ActivationPrecision::Fp32, ActivationPrecision::Bf16, ActivationPrecision::Fp16}) {
     Tensor r = x;
-    model::round_activations(backend::Host{}, p, r);
+    precision::round_activations(backend::Host{}, p, r);
     for (std::int64_t i = 0; i < x.numel(); ++i) {
       const float want = p == ActivationPrecision::Bf16   ? static_cast<float>(bf16(x[i]))
                          : p == ActivationPrecision::Fp16 ? static_cast<float>(fp16(x[i]))
@@ -54,11 +54,11 @@ TEST_CASE("PackedTensors keeps 2 bytes per element and gives rounded values back
   for (ActivationPrecision p : {ActivationPrecision::Bf16, ActivationPrecision::Fp16}) {
     memory::CategoryScope scope(memory::Category::Activations);
     Tensor a = ramp({4, 8}), empty, b = ramp({3});
-    model::round_activations(backend::Host{}, p, a);
-    model::round_activations(backend::Host{}, p, b);
+    precision::round_activations(backend::Host{}, p, a);
+    precision::round_activations(backend::Host{}, p, b);
     const Tensor a0 = a, b0 = b;
     const std::int64_t before = memory::snapshot()[memory::Category::Activations].live;
-    model::PackedTensors packed;
+    precision::PackedTensors packed;
     packed.pack(backend::Host{}, p, {&a, &empty, &b});
     CHECK(a.numel() == 0);
     CHECK(b.numel() == 0);
@@ -73,10 +73,10 @@ TEST_CASE("PackedTensors keeps 2 bytes per element and gives rounded values back
   }
   Tensor x = ramp({2});
   const Tensor x0 = x;
-  model::PackedTensors fp32;
+  precision::PackedTensors fp32;
   fp32.pack(backend::Host{}, ActivationPrecision::Fp32, {&x});
   CHECK(x.values() == x0.values());  // fp32: nothing packed
-  model::PackedTensors bad;
+  precision::PackedTensors bad;
   bad.pack(backend::Host{}, ActivationPrecision::Bf16, {&x});
   Tensor y, z;
   CHECK_THROWS_AS(bad.unpack(backend::Host{}, {&y, &z}), Error);
@@ -87,15 +87,15 @@ TEST_CASE("in a memory space the packed tensors are 16-bit buffers there, made a
     test::GuardedSpace space;
     Tensor host = ramp({4, 8});
     const Tensor raw = host;
-    model::round_activations(backend::Host{}, p, host);
+    precision::round_activations(backend::Host{}, p, host);
     {
       MemorySpaceScope in_space(&space);
       memory::CategoryScope scope(memory::Category::Activations);
       Tensor a = host.to(&space), rounded = raw.to(&space);
-      model::round_activations(backend::Host{}, p, rounded);  // in the space: the host's rounding
+      precision::round_activations(backend::Host{}, p, rounded);  // in the space: the host's rounding
       CHECK(rounded.to_host().values() == host.values());
       const std::int64_t before = space.counters[memory::Category::Activations].live;
-      model::PackedTensors packed;
+      precision::PackedTensors packed;
       packed.pack(backend::Host{}, p, {&a});
       CHECK(before - space.counters[memory::Category::Activations].live == 32 * 2);  // 4 -> 2 bytes, in the space
       Tensor back;

@@ -1,5 +1,8 @@
 #pragma once
-// Parameter: a local shard, its gradient and its ShardedTensor description.
+// Parameter: a local shard, its gradient and its ShardedTensor description; ParameterSpec: the
+// same before anything is allocated (what the model's parts are described with, model/parts.hpp).
+// Below model/ so that the tensor- and expert-parallel layers (tp/, ep/) own parameters
+// without including the model.
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -8,12 +11,25 @@
 #include "dsp/core/tensor.hpp"
 #include "dsp/parallel/sharded_tensor.hpp"
 
-namespace dsp::model {
+namespace dsp {
 
 /// How a parameter's global values are drawn.
 struct Init {
   enum Kind { Normal, Ones, Zeros } kind = Normal;
   float std = 0.02f;  ///< standard deviation for Normal
+};
+
+/// One parameter before it is allocated: its sharding, how its values are drawn, and how
+/// training treats it. The Parameter built from it holds the same flags.
+struct ParameterSpec {
+  ShardedTensor tensor;    ///< global name, global shape, TP split
+  Init init;               ///< how the global values are drawn
+  bool expert = false;     ///< Parameter::expert (a routed expert's weight)
+  bool tied_copy = false;  ///< Parameter::tied_copy (the last stage's copy of a tied embedding)
+  bool buffer = false;     ///< saved state without gradient or optimizer state (MoE expert bias)
+
+  /// This rank's shard at TP size `tp`: tensor.local_shape(tp).
+  Shape local_shape(int tp) const { return tensor.local_shape(tp); }
 };
 
 /// One trainable tensor on one rank: `value` and `grad` have shape spec.local_shape(tp). The
@@ -43,6 +59,15 @@ struct Parameter {
         grad(spec.local_shape(tp_size), memory::Category::Gradients),
         weight_decay(spec.global_shape.size() >= 2) {}
 
+  /// Builds the local shard of `p` as above, with its flags; a buffer gets no gradient.
+  Parameter(const ParameterSpec& p, std::uint64_t seed, int tp_size, int tp_rank)
+      : spec(p.tensor),
+        value(initial_values(spec, p.init, seed, tp_size, tp_rank)),
+        grad(p.buffer ? Tensor{} : Tensor(spec.local_shape(tp_size), memory::Category::Gradients)),
+        weight_decay(spec.global_shape.size() >= 2),
+        tied_copy(p.tied_copy),
+        expert(p.expert) {}
+
  private:
   static Tensor initial_values(const ShardedTensor& spec, Init init, std::uint64_t seed, int tp_size, int tp_rank) {
     Tensor host(spec.local_shape(tp_size), memory::Category::Parameters, nullptr);
@@ -60,4 +85,4 @@ struct Parameter {
   }
 };
 
-}  // namespace dsp::model
+}  // namespace dsp

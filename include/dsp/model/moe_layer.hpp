@@ -39,8 +39,9 @@
 #include "dsp/ep/router.hpp"
 #include "dsp/model/config.hpp"
 #include "dsp/model/forward_context.hpp"
+#include "dsp/model/parts.hpp"
 
-namespace dsp::ep {
+namespace dsp::model {
 
 /// What an MoE layer's training forwards saw since the last clear(), on this rank.
 struct MoeLayerStats {
@@ -94,11 +95,11 @@ class MoELayer {
   using Comm = typename Policy::Comm;
   struct Saved {
     Tensor x;
-    Routing routing;
-    DispatchPlan plan;
+    ep::Routing routing;
+    ep::DispatchPlan plan;
     Tensor back;  // [A, hidden] the experts' partial outputs, in plan order
-    typename GroupedExperts<Backend>::Saved routed;
-    std::optional<typename GroupedExperts<Backend>::Saved> shared;
+    typename ep::GroupedExperts<Backend>::Saved routed;
+    std::optional<typename ep::GroupedExperts<Backend>::Saved> shared;
     /// The activations (routing and plan: host indices and fp32 statistics, and the plan's
     /// copies of its order and gate weights where the rows live).
     std::vector<Tensor*> tensors() {
@@ -110,27 +111,23 @@ class MoELayer {
     }
   };
 
-  /// prefix: "model.layers.{i}.mlp". tp: the tensor-parallel group; ep: the expert-parallel
-  /// group (the same TP rank of EP ranks; size 1 holds every expert). Throws ConfigError,
-  /// naming the numbers, when the experts do not split over ep.size() or their width over TP.
-  MoELayer(Comm& tp, Comm& ep, const model::ModelConfig& c, std::int64_t layer, float down_std, std::uint64_t seed)
+  /// Builds this rank's shards of `spec` (MoeSpec::describe of global layer `layer` for this
+  /// EP rank), in the spec's order. tp: the tensor-parallel group; ep: the expert-parallel group
+  /// (the same TP rank of EP ranks; size 1 holds every expert). Throws ConfigError, naming the
+  /// numbers, when the experts do not split over ep.size() or their width over TP; Error when
+  /// spec lists other experts than this EP rank's.
+  MoELayer(Comm& tp, Comm& ep, const ModelConfig& c, std::int64_t layer, const MoeSpec& spec, std::uint64_t seed)
       : tp_(&tp),
         router_config_(c.router()),
         hidden_(c.hidden_size),
         dispatcher_((c.validate_expert_parallel(ep.size()), ep), c.num_experts, c.hidden_size),
-        router_(ShardedTensor::replicated(prefix(layer) + ".gate.weight", {c.num_experts, c.hidden_size}),
-                {model::Init::Normal, c.init_method_std}, seed, tp.size(), tp.rank()),
-        routed_(expert_prefixes(layer, dispatcher_.first_local_expert(), dispatcher_.num_local_experts()),
-                c.hidden_size, c.moe_ffn_hidden_size, c.init_method_std, down_std, seed, tp.size(), tp.rank(), true) {
-    if (c.num_shared_experts > 0)
-      shared_.emplace(std::vector<std::string>{prefix(layer) + ".shared_experts"}, c.hidden_size,
-                      c.num_shared_experts * c.moe_ffn_hidden_size, c.init_method_std, down_std, seed, tp.size(),
-                      tp.rank(), false);
-    if (c.moe_router_enable_expert_bias) {
-      bias_.emplace(ShardedTensor::replicated(prefix(layer) + ".gate.e_score_correction_bias", {c.num_experts}),
-                    model::Init{model::Init::Zeros}, seed, tp.size(), tp.rank());
-      bias_->grad = Tensor{};  // a buffer: moved by the balancing step, never by a gradient
-    }
+        router_(spec.router, seed, tp.size(), tp.rank()),
+        shared_(spec.shared ? std::make_optional<ep::GroupedExperts<Backend>>(std::vector{*spec.shared}, c.hidden_size,
+                                                                             seed, tp.size(), tp.rank())
+                            : std::nullopt),
+        routed_(local_experts(spec), c.hidden_size, seed, tp.size(), tp.rank()),
+        bias_(spec.expert_bias ? std::make_optional<Parameter>(*spec.expert_bias, seed, tp.size(), tp.rank())
+                               : std::nullopt) {  // a buffer: moved by the balancing step, never by a gradient
     stats_.layer = layer;
     stats_.tokens_per_expert.assign(static_cast<std::size_t>(c.num_experts), 0);
   }
@@ -139,7 +136,7 @@ class MoELayer {
   /// (ctx.training) applies ctx.moe's capacity and, unless ctx.recomputing, records the load,
   /// drops and aux loss in stats(). saved (may be null) keeps what backward needs.
   /// Collective over the EP group, then the TP group.
-  Tensor forward(const model::ForwardContext& ctx, const Tensor& x, Saved* saved) {
+  Tensor forward(const ForwardContext& ctx, const Tensor& x, Saved* saved) {
     const std::int64_t n = x.dim(0), e = router_config_.num_experts;
     Tensor logits({n, e});
     {
@@ -148,28 +145,28 @@ class MoELayer {
     }
     Tensor logits_copy, bias_copy;  // host copies of tensors in a memory space
     const Tensor& host_logits = on_host(logits, logits_copy);
-    Routing r = route(router_config_, host_logits.span(),
+    ep::Routing r = ep::route(router_config_, host_logits.span(),
                       bias_ ? std::span<const float>(on_host(bias_->value, bias_copy).span()) : std::span<const float>{});
     if (ctx.training) {  // a re-run for recomputation applies the capacity again but counts nothing
       if (!ctx.recomputing) {
-        const auto load = expert_load(r);
+        const auto load = ep::expert_load(r);
         for (std::size_t i = 0; i < load.size(); ++i) stats_.tokens_per_expert[i] += load[i];
         if (ctx.moe.aux_loss_coeff > 0.0f)
-          stats_.aux_loss += double(sequence_aux_loss(r, ctx.seq, ctx.moe.aux_loss_coeff)) * ctx.moe.aux_loss_scale;
+          stats_.aux_loss += double(ep::sequence_aux_loss(r, ctx.seq, ctx.moe.aux_loss_coeff)) * ctx.moe.aux_loss_scale;
       }
       if (ctx.moe.capacity_factor > 0.0f) {
         const auto dropped =
-            apply_capacity(r, expert_capacity(ctx.moe.capacity_factor, n, r.top_k, e), ctx.moe.drop_policy);
+            ep::apply_capacity(r, ep::expert_capacity(ctx.moe.capacity_factor, n, r.top_k, e), ctx.moe.drop_policy);
         if (!ctx.recomputing) stats_.dropped += dropped.dropped;
       }
     }
-    DispatchPlan plan = dispatcher_.plan(r);
+    ep::DispatchPlan plan = dispatcher_.plan(r);
     const Tensor local = dispatcher_.dispatch(plan, dispatcher_.permute(plan, x));
     const bool keep_act = !ctx.recompute.selective();
     Tensor back = dispatcher_.undispatch(plan, routed_.forward(local, plan.rows_per_local_expert,
                                                                saved ? &saved->routed : nullptr, keep_act,
                                                                ctx.activations));
-    model::round_activations(Backend{}, ctx.activations, back);
+    precision::round_activations(Backend{}, ctx.activations, back);
     Tensor y = dispatcher_.combine(plan, r, back);
     if (shared_) {
       if (saved) saved->shared.emplace();
@@ -189,8 +186,8 @@ class MoELayer {
   /// dy [tokens, hidden] -> dx [tokens, hidden]; accumulates the router's and experts'
   /// gradients (an expert that got no tokens gets exactly zero), including the aux loss's
   /// (ctx.moe). Collective over the TP group and the EP group.
-  Tensor backward(const model::ForwardContext& ctx, const Tensor& dy, const Saved& s) {
-    const Routing& r = s.routing;
+  Tensor backward(const ForwardContext& ctx, const Tensor& dy, const Saved& s) {
+    const ep::Routing& r = s.routing;
     const std::int64_t n = dy.dim(0), e = router_config_.num_experts;
     std::vector<float> dweights(r.weights.size(), 0.0f);
     Tensor dback = dispatcher_.combine_backward(s.plan, r, s.back, dy, dweights);
@@ -204,9 +201,9 @@ class MoELayer {
     if (tp_->size() > 1) tp_->all_reduce(dx.raw_span());
     // The router: the same on every TP rank (dweights are summed), so added after the reduce.
     std::vector<float> host_dlogits(static_cast<std::size_t>(n * e), 0.0f);
-    route_backward(router_config_, r, dweights, host_dlogits);
+    ep::route_backward(router_config_, r, dweights, host_dlogits);
     if (ctx.moe.aux_loss_coeff > 0.0f)
-      sequence_aux_loss_backward(router_config_, r, ctx.seq, ctx.moe.aux_loss_coeff,
+      ep::sequence_aux_loss_backward(router_config_, r, ctx.seq, ctx.moe.aux_loss_coeff,
                                  ctx.moe.aux_loss_scale * ctx.moe.loss_scale, host_dlogits);
     Tensor dlogits({n, e});
     dlogits.copy_from_host(host_dlogits);
@@ -221,25 +218,23 @@ class MoELayer {
   }
 
   /// The router, the shared experts, then this rank's routed experts (Parameter::expert).
-  std::vector<model::Parameter*> parameters() {
-    std::vector<model::Parameter*> p{&router_};
+  std::vector<Parameter*> parameters() {
+    std::vector<Parameter*> p{&router_};
     if (shared_)
       for (auto* q : shared_->parameters()) p.push_back(q);
     for (auto* q : routed_.parameters()) p.push_back(q);
     return p;
   }
   /// State that is not trained by gradients but saved: the expert bias (empty without it).
-  std::vector<model::Parameter*> buffers() {
+  std::vector<Parameter*> buffers() {
     if (bias_) return {&*bias_};
     return {};
   }
   /// The correction bias [E], null without --moe-router-enable-expert-bias.
-  model::Parameter* expert_bias() { return bias_ ? &*bias_ : nullptr; }
+  Parameter* expert_bias() { return bias_ ? &*bias_ : nullptr; }
 
   MoeLayerStats& stats() { return stats_; }
-  const ExpertDispatcher<Comm, Backend>& dispatcher() const { return dispatcher_; }
-
-  static std::string prefix(std::int64_t layer) { return "model.layers." + std::to_string(layer) + ".mlp"; }
+  const ep::ExpertDispatcher<Comm, Backend>& dispatcher() const { return dispatcher_; }
 
  private:
   // t itself on the host, else a host copy of it in `copy`.
@@ -249,21 +244,27 @@ class MoELayer {
     return copy;
   }
 
-  static std::vector<std::string> expert_prefixes(std::int64_t layer, std::int64_t first, std::int64_t count) {
-    std::vector<std::string> out;
-    for (std::int64_t g = first; g < first + count; ++g) out.push_back(prefix(layer) + ".experts." + std::to_string(g));
-    return out;
+  // spec's routed experts, checked to be the dispatcher's local experts.
+  const std::vector<tp::SwiGluSpec>& local_experts(const MoeSpec& spec) const {
+    DSP_CHECK(spec.first_expert == dispatcher_.first_local_expert() &&
+                  static_cast<std::int64_t>(spec.experts.size()) == dispatcher_.num_local_experts(),
+              "MoE layer: the spec lists experts [", spec.first_expert, ", ",
+              spec.first_expert + static_cast<std::int64_t>(spec.experts.size()), "), this expert-parallel rank holds [",
+              dispatcher_.first_local_expert(), ", ",
+              dispatcher_.first_local_expert() + dispatcher_.num_local_experts(), ")");
+    return spec.experts;
   }
 
   Comm* tp_;
-  RouterConfig router_config_;
+  ep::RouterConfig router_config_;
   std::int64_t hidden_;
-  ExpertDispatcher<Comm, Backend> dispatcher_;
-  model::Parameter router_;
-  std::optional<model::Parameter> bias_;
-  GroupedExperts<Backend> routed_;
-  std::optional<GroupedExperts<Backend>> shared_;
+  ep::ExpertDispatcher<Comm, Backend> dispatcher_;
+  // Declared (so allocated) in the order of MoeSpec: router, shared experts, routed experts, bias.
+  Parameter router_;
+  std::optional<ep::GroupedExperts<Backend>> shared_;
+  ep::GroupedExperts<Backend> routed_;
+  std::optional<Parameter> bias_;
   MoeLayerStats stats_;
 };
 
-}  // namespace dsp::ep
+}  // namespace dsp::model

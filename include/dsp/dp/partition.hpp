@@ -11,7 +11,7 @@
 #include "dsp/core/divide.hpp"
 #include "dsp/core/error.hpp"
 
-namespace dsp::zero {
+namespace dsp::dp {
 
 /// The slice of a parameter's flat local shard one data-parallel rank owns.
 struct ShardRange {
@@ -27,10 +27,10 @@ struct ShardRange {
 /// Rank `rank`'s slice of `numel` elements over `size` ranks. Throws Error when size < 1,
 /// rank is outside [0, size) or numel < 0.
 inline ShardRange shard_range(std::int64_t numel, int size, int rank) {
-  DSP_CHECK(size >= 1 && rank >= 0 && rank < size && numel >= 0, "zero: rank ", rank, " of ", size,
+  DSP_CHECK(size >= 1 && rank >= 0 && rank < size && numel >= 0, "data-parallel partition: rank ", rank, " of ", size,
             " cannot own a slice of ", numel, " elements");
   const std::int64_t s = round_up(numel, size) / size;
   return {numel, s, s * rank};
 }
 
-}  // namespace dsp::zero
+}  // namespace dsp::dp

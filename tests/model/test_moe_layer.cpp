@@ -1,10 +1,10 @@
-// ep::MoELayer and ep::ExpertDispatcher against references written here.
+// model::MoELayer and ep::ExpertDispatcher against references written here.
 //
 // The layer (forward and backward) runs with comm::launch over TP x EP ranks (DP = EP, every DP
 // rank with its own tokens, 10 or 15 of them) at (TP, EP) = (1,1), (1,2), (1,4), (2,2), for
 // softmax and sigmoid routing (expert bias, group-limited selection, routed scaling factor,
 // normalised weights), with and without shared experts. The reference is plain fp64 loops over
-// the GLOBAL weights, drawn as TP1 model::Parameters of the same Hugging Face names (values
+// the GLOBAL weights, drawn as TP1 dsp::Parameters of the same Hugging Face names (values
 // depend on (seed, name, global index) only, so this is the global tensor of every layout and
 // every layer's shard must equal its slice of it bitwise): per token
 //   y = sum over kept chosen experts e of g_e SwiGLU_e(x) + SwiGLU_shared(x)
@@ -46,7 +46,7 @@
 #include "../relative_error.hpp"
 #include "dsp/backend/host.hpp"
 #include "dsp/comm/launch.hpp"
-#include "dsp/ep/moe_layer.hpp"
+#include "dsp/model/moe_layer.hpp"
 #include "dsp/parallel/device_mesh.hpp"
 #include "dsp/policy.hpp"
 
@@ -54,7 +54,7 @@ using namespace dsp;
 
 namespace ep_moe_layer_test {
 using P = Policy<backend::Host, comm::ThreadComm>;
-using Moe = ep::MoELayer<P>;
+using Moe = model::MoELayer<P>;
 using ep::ScoreFunction;
 using test::random_vector;
 using test::relative_error;
@@ -262,7 +262,7 @@ class Reference {
 
  private:
   void add(const ShardedTensor& spec, float std) {
-    const model::Parameter p(spec, {model::Init::Normal, std}, kSeed, 1, 0);
+    const dsp::Parameter p(spec, {dsp::Init::Normal, std}, kSeed, 1, 0);
     params_[spec.name] = {p.value, std::vector<double>(static_cast<std::size_t>(p.value.numel()), 0.0)};
   }
   void add_ffn(const std::string& prefix, std::int64_t ffn) {
@@ -356,7 +356,8 @@ void check_layer(const std::string& label, const model::ModelConfig& c, int tp, 
     CAPTURE(tp);
     CAPTURE(ep);
     CAPTURE(mesh.dp_rank());
-    Moe moe(mesh.tensor_group(), mesh.expert_group(), c, kLayer, kDownStd, kSeed);
+    Moe moe(mesh.tensor_group(), mesh.expert_group(), c, kLayer,
+            model::MoeSpec::describe(c, kLayer, kDownStd, mesh.expert_group().size(), mesh.expert_group().rank()), kSeed);
     REQUIRE((moe.expert_bias() != nullptr) == !bias.empty());
     if (!bias.empty()) std::copy(bias.begin(), bias.end(), moe.expert_bias()->value.values().begin());
 
@@ -639,7 +640,10 @@ TEST_CASE("MoE layer: experts not divisible by the expert-parallel size throw Co
       return "no ConfigError";
     };
     const std::string layer =
-        message([&] { Moe(mesh.tensor_group(), mesh.expert_group(), c, kLayer, kDownStd, kSeed); });
+        message([&] {
+          Moe(mesh.tensor_group(), mesh.expert_group(), c, kLayer,
+              model::MoeSpec::describe(c, kLayer, kDownStd, mesh.expert_group().size(), mesh.expert_group().rank()), kSeed);
+        });
     CAPTURE(layer);
     CHECK(layer.find("number of experts (6)") != std::string::npos);
     CHECK(layer.find("expert-model-parallel-size (4)") != std::string::npos);

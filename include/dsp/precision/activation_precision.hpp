@@ -20,7 +20,7 @@
 #include "dsp/core/space_buffer.hpp"
 #include "dsp/core/tensor.hpp"
 
-namespace dsp::model {
+namespace dsp::precision {
 
 /// What training activations are kept in.
 enum class ActivationPrecision { Fp32, Bf16, Fp16 };
@@ -90,4 +90,4 @@ class PackedTensors {
   std::vector<Packed> packed_;
 };
 
-}  // namespace dsp::model
+}  // namespace dsp::precision
