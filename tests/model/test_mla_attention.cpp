@@ -286,6 +286,18 @@ TEST_CASE("MLA cache bytes per token per layer: DeepSeek-V3 in bf16 caches 70,27
   CHECK(model::mla_cache_bytes_per_token(v3, 2) * v3.num_layers == 70272);
   CHECK_THROWS_AS(model::mla_cache_bytes_per_token(model::ModelConfig{}, 2), ConfigError);
   const model::ModelConfig c = small_config(6);
+  // the ledger's parameter count (ModelConfig::num_parameters) counts MLA's weights as built
+  for (std::int64_t q_lora : {6, 0}) {
+    const model::ModelConfig m = small_config(q_lora);
+    comm::launch(1, [&](comm::ThreadComm& world) {
+      MLA attn(world, m, kPrefix, 0, 5);
+      std::int64_t attention = 0;
+      for (model::Parameter* p : attn.parameters()) attention += p->value.numel();
+      const std::int64_t h = m.hidden_size;
+      CHECK(m.num_parameters() ==
+            2 * m.vocab_size * h + m.num_layers * (attention + 2 * h + 3 * h * m.ffn_hidden_size) + h);
+    });
+  }
   comm::launch(2, [&](comm::ThreadComm& world) {
     DeviceMesh mesh(world, ParallelLayout{.tensor = 2});
     MLA attn(mesh.tensor_group(), c, kPrefix, 0, 5);
