@@ -48,7 +48,7 @@ struct ModelConfig {
   std::int64_t qk_nope_head_dim = 0;        ///< qk_nope_head_dim: per-head query/key width without RoPE
   std::int64_t qk_rope_head_dim = 0;        ///< qk_rope_head_dim: the decoupled RoPE width (key shared by all heads)
   std::int64_t v_head_dim = 0;              ///< v_head_dim: per-head value width
-  RopeScaling rope_scaling;                 ///< rope_scaling / rope_parameters (YaRN), on the rope slice
+  RopeScaling rope_scaling{};               ///< rope_scaling / rope_parameters (YaRN), on the rope slice
 
   /// --use-flash-attn: attention keeps each query's log-sum-exp [batch, heads/tp, seq] for
   /// backward instead of the probabilities [batch, heads/tp, seq, seq] and recomputes them
