@@ -10,6 +10,7 @@
 #include "dsp/core/divide.hpp"
 #include "dsp/core/error.hpp"
 #include "dsp/ep/router.hpp"
+#include "dsp/model/yarn.hpp"
 
 namespace dsp::model {
 
@@ -43,6 +44,15 @@ struct ModelConfig {
   /// its top-1 (DeepSeek-V2, topk_method group_limited_greedy).
   backend::GroupScore moe_router_group_score = backend::GroupScore::TopTwoSum;
 
+  // Multi-head Latent Attention (DeepSeek-V2, 2024, section 2.1; model/mla_attention.hpp):
+  // kv_lora_rank > 0 selects MLA; HF names. Its RMSNorms use transformers' default eps 1e-6.
+  std::int64_t q_lora_rank = 0;             ///< q_lora_rank: query latent width (0: HF null, q_proj as in V2-Lite)
+  std::int64_t kv_lora_rank = 0;            ///< kv_lora_rank: the cached key/value latent width (0: GQA)
+  std::int64_t qk_nope_head_dim = 0;        ///< qk_nope_head_dim: per-head query/key width without RoPE
+  std::int64_t qk_rope_head_dim = 0;        ///< qk_rope_head_dim: the decoupled RoPE width (key shared by all heads)
+  std::int64_t v_head_dim = 0;              ///< v_head_dim: per-head value width
+  RopeScaling rope_scaling{};               ///< rope_scaling / rope_parameters (YaRN), on the rope slice
+
   /// --use-flash-attn: attention keeps each query's log-sum-exp [batch, heads/tp, seq] for
   /// backward instead of the probabilities [batch, heads/tp, seq, seq] and recomputes them
   /// (backend flash_attention_forward/backward; FlashAttention, Dao et al. 2022). The same
@@ -54,6 +64,8 @@ struct ModelConfig {
   bool use_flash_attn = false;
 
   std::int64_t head_dim() const { return hidden_size / num_attention_heads; }
+  /// Whether attention is MLA (kv_lora_rank > 0) rather than GQA.
+  bool is_mla() const { return kv_lora_rank > 0; }
 
   bool is_moe() const { return num_experts > 0; }
   /// Whether global layer `layer` is an MoE layer (else dense).
@@ -81,6 +93,15 @@ struct ModelConfig {
                  "number of query groups (", num_query_groups, ") and tensor-model-parallel-size (", tensor_parallel,
                  ") must divide one another (K/V heads are split, or replicated when fewer than TP)");
     divide(ffn_hidden_size, tensor_parallel, "ffn hidden size", "tensor-model-parallel-size");
+    if (is_mla()) {
+      for (auto [name, value] : {std::pair{"qk_nope_head_dim", qk_nope_head_dim}, {"qk_rope_head_dim", qk_rope_head_dim},
+                                 {"v_head_dim", v_head_dim}})
+        DSP_CHECK_AS(ConfigError, value > 0, name, " must be positive for MLA, got ", value);
+      DSP_CHECK_AS(ConfigError, q_lora_rank >= 0, "q_lora_rank must be >= 0 (0: null), got ", q_lora_rank);
+      DSP_CHECK_AS(ConfigError, qk_rope_head_dim % 2 == 0, "qk_rope_head_dim (", qk_rope_head_dim,
+                   ") must be even for RoPE");
+    }
+    rope_scaling.validate();
     if (!is_moe()) return;
     router().validate();
     DSP_CHECK_AS(ConfigError, moe_ffn_hidden_size > 0, "moe ffn hidden size must be positive, got ",
@@ -106,7 +127,12 @@ struct ModelConfig {
   /// Parameters of the global model (embedding counted once when tied).
   std::int64_t num_parameters() const {
     const std::int64_t h = hidden_size, d = head_dim();
-    const std::int64_t attn = h * (num_attention_heads + 2 * num_query_groups) * d + num_attention_heads * d * h;
+    const std::int64_t heads = num_attention_heads, qk = qk_nope_head_dim + qk_rope_head_dim;
+    const std::int64_t mla_q = q_lora_rank > 0 ? h * q_lora_rank + q_lora_rank + q_lora_rank * heads * qk : h * heads * qk;
+    const std::int64_t mla_attn = mla_q + h * (kv_lora_rank + qk_rope_head_dim) + kv_lora_rank +
+                                  kv_lora_rank * heads * (qk_nope_head_dim + v_head_dim) + heads * v_head_dim * h;
+    const std::int64_t attn =
+        is_mla() ? mla_attn : h * (num_attention_heads + 2 * num_query_groups) * d + num_attention_heads * d * h;
     const std::int64_t dense_mlp = 3 * h * ffn_hidden_size;
     const std::int64_t moe_mlp = 3 * h * moe_ffn_hidden_size * (num_experts + num_shared_experts) + num_experts * h;
     std::int64_t layers = 0;
@@ -144,6 +170,22 @@ struct ModelConfig {
             {"hidden_act", "silu"},
             {"attention_bias", false},
             {"torch_dtype", "float32"}};
+    if (is_mla()) {  // DeepSeek-V2/V3 names; the architecture name is the exporter's (issue 33 item 6)
+      j["q_lora_rank"] = q_lora_rank > 0 ? nlohmann::json(q_lora_rank) : nlohmann::json(nullptr);
+      j["kv_lora_rank"] = kv_lora_rank;
+      j["qk_nope_head_dim"] = qk_nope_head_dim;
+      j["qk_rope_head_dim"] = qk_rope_head_dim;
+      j["v_head_dim"] = v_head_dim;
+      j["rope_interleave"] = true;
+    }
+    if (rope_scaling.is_yarn())
+      j["rope_scaling"] = {{"type", "yarn"},
+                           {"factor", rope_scaling.factor},
+                           {"original_max_position_embeddings", rope_scaling.original_max_position_embeddings},
+                           {"beta_fast", rope_scaling.beta_fast},
+                           {"beta_slow", rope_scaling.beta_slow},
+                           {"mscale", rope_scaling.mscale},
+                           {"mscale_all_dim", rope_scaling.mscale_all_dim}};
     if (!is_moe()) return j;
     j["architectures"] = {"DspMoeForCausalLM"};
     j["model_type"] = "dsp_moe";
@@ -177,7 +219,40 @@ struct ModelConfig {
     c.num_attention_heads = get("num_attention_heads").get<std::int64_t>();
     c.num_query_groups = get("num_key_value_heads").get<std::int64_t>();
     c.seq_length = get("max_position_embeddings").get<std::int64_t>();
-    c.rope_theta = get("rope_theta").get<float>();
+    // transformers 5 writes rope_theta and the scaling into rope_parameters; older files rope_scaling
+    const nlohmann::json* rope = j.contains("rope_parameters") && j.at("rope_parameters").is_object()
+                                     ? &j.at("rope_parameters")
+                                 : j.contains("rope_scaling") && j.at("rope_scaling").is_object() ? &j.at("rope_scaling")
+                                                                                                   : nullptr;
+    c.rope_theta = j.contains("rope_theta") ? get("rope_theta").get<float>()
+                   : rope && rope->contains("rope_theta") ? rope->at("rope_theta").get<float>()
+                                                          : get("rope_theta").get<float>();
+    if (rope) {
+      const std::string type = rope->value("rope_type", rope->value("type", std::string("default")));
+      DSP_CHECK_AS(ConfigError, type == "default" || type == "yarn",
+                   "model config rope type must be default or yarn, got '", type, "'");
+      if (type == "yarn") {
+        auto number = [&](const char* key, double fallback) {
+          return rope->contains(key) && !rope->at(key).is_null() ? rope->at(key).get<double>() : fallback;
+        };
+        c.rope_scaling.type = "yarn";
+        DSP_CHECK_AS(ConfigError, rope->contains("factor"), "model config rope_scaling is missing 'factor'");
+        c.rope_scaling.factor = number("factor", 1.0);
+        c.rope_scaling.original_max_position_embeddings = static_cast<std::int64_t>(
+            number("original_max_position_embeddings", static_cast<double>(c.seq_length)));
+        c.rope_scaling.beta_fast = number("beta_fast", 32.0);
+        c.rope_scaling.beta_slow = number("beta_slow", 1.0);
+        c.rope_scaling.mscale = number("mscale", 0.0);
+        c.rope_scaling.mscale_all_dim = number("mscale_all_dim", 0.0);
+      }
+    }
+    if (j.contains("kv_lora_rank") && !j.at("kv_lora_rank").is_null()) {
+      c.kv_lora_rank = get("kv_lora_rank").get<std::int64_t>();
+      c.q_lora_rank = j.contains("q_lora_rank") && !j.at("q_lora_rank").is_null() ? get("q_lora_rank").get<std::int64_t>() : 0;
+      c.qk_nope_head_dim = get("qk_nope_head_dim").get<std::int64_t>();
+      c.qk_rope_head_dim = get("qk_rope_head_dim").get<std::int64_t>();
+      c.v_head_dim = get("v_head_dim").get<std::int64_t>();
+    }
     c.norm_epsilon = get("rms_norm_eps").get<float>();
     c.tie_word_embeddings = get("tie_word_embeddings").get<bool>();
     c.init_method_std = j.value("initializer_range", 0.02f);
