@@ -97,7 +97,7 @@ Result run(int tp, const model::ModelConfig& c, std::int64_t batch, std::int64_t
   comm::launch(tp, [&](comm::ThreadComm& world) {
     DeviceMesh mesh(world, ParallelLayout{.tensor = tp});
     auto& g = mesh.tensor_group();
-    MLA attn(g, c, kPrefix, 0, 7);
+    MLA attn(g, c, model::MlaAttentionSpec::describe(c, 0), 0, 7);
     auto ctx = model::ForwardContext::for_training(batch, seq);
     if (selective) ctx.recompute.granularity = model::RecomputeGranularity::Selective;
     const Tensor x = random({batch * seq, c.hidden_size}, "x");
@@ -106,7 +106,7 @@ Result run(int tp, const model::ModelConfig& c, std::int64_t batch, std::int64_t
     if (selective) CHECK(saved.probs.numel() == 0);
     const Tensor dx = attn.backward(ctx, random(y.shape(), "r"), saved);
     std::map<std::string, Tensor> grads;
-    for (model::Parameter* p : attn.parameters()) grads[p->spec.name] = test::gather_global(g, p->spec, p->grad);
+    for (Parameter* p : attn.parameters()) grads[p->spec.name] = test::gather_global(g, p->spec, p->grad);
     std::lock_guard lk(mu);
     if (g.rank() == 0) out = {y, dx, std::move(grads)};
   });
@@ -122,12 +122,12 @@ TEST_CASE("MLA output equals transformers' DeepseekV3Attention and DeepseekV2Att
     const model::ModelConfig c = fixture_config(f);
     const auto batch = f.at("batch").get<std::int64_t>(), seq = f.at("seq").get<std::int64_t>();
     comm::launch(1, [&](comm::ThreadComm& world) {
-      MLA attn(world, c, kPrefix, 0, 1);
+      MLA attn(world, c, model::MlaAttentionSpec::describe(c, 0), 0, 1);
       CHECK(attn.softmax_scale() == doctest::Approx(f.at("scaling").get<double>()).epsilon(1e-7));
       const auto& weights = f.at("weights");
       const auto params = attn.parameters();
       CHECK(params.size() == weights.size());
-      for (model::Parameter* p : params) {
+      for (Parameter* p : params) {
         const std::string hf = p->spec.name.substr(std::string(kPrefix).size() + 1);
         CAPTURE(hf);
         REQUIRE(weights.contains(hf));
@@ -148,7 +148,7 @@ TEST_CASE("MLA gradients of every projection, norm and the input equal finite di
     const model::ModelConfig c = small_config(q_lora);
     const std::int64_t batch = 2, seq = 5, n = batch * seq;
     comm::launch(1, [&](comm::ThreadComm& world) {
-      MLA attn(world, c, kPrefix, 0, 3);
+      MLA attn(world, c, model::MlaAttentionSpec::describe(c, 0), 0, 3);
       const auto ctx = model::ForwardContext::for_training(batch, seq);
       Tensor x = random({n, c.hidden_size}, "x");
       const Tensor r = random({n, c.hidden_size}, "r");
@@ -179,7 +179,7 @@ TEST_CASE("MLA gradients of every projection, norm and the input equal finite di
         CHECK(std::abs(analytic - numeric) <= 5e-3 * std::abs(numeric) + 1e-3);
       };
       std::size_t checked = 0;
-      for (model::Parameter* p : attn.parameters()) {
+      for (Parameter* p : attn.parameters()) {
         check(p->value, p->grad, p->spec.name);
         ++checked;
       }
@@ -218,7 +218,7 @@ TEST_CASE("MLA absorbed decode over the latent cache equals the un-absorbed forw
       const model::ModelConfig c = small_config(q_lora);
       comm::launch(tp, [&](comm::ThreadComm& world) {
         DeviceMesh mesh(world, ParallelLayout{.tensor = tp});
-        MLA attn(mesh.tensor_group(), c, kPrefix, 0, 5);
+        MLA attn(mesh.tensor_group(), c, model::MlaAttentionSpec::describe(c, 0), 0, 5);
         const std::int64_t lw = attn.latent_values_per_token();
         CHECK(lw == c.kv_lora_rank + c.qk_rope_head_dim);
         // two sequences: prompts of 5 and 3 tokens, then 4 decode steps each; a contiguous cache
@@ -290,9 +290,9 @@ TEST_CASE("MLA cache bytes per token per layer: DeepSeek-V3 in bf16 caches 70,27
   for (std::int64_t q_lora : {6, 0}) {
     const model::ModelConfig m = small_config(q_lora);
     comm::launch(1, [&](comm::ThreadComm& world) {
-      MLA attn(world, m, kPrefix, 0, 5);
+      MLA attn(world, m, model::MlaAttentionSpec::describe(m, 0), 0, 5);
       std::int64_t attention = 0;
-      for (model::Parameter* p : attn.parameters()) attention += p->value.numel();
+      for (Parameter* p : attn.parameters()) attention += p->value.numel();
       const std::int64_t h = m.hidden_size;
       CHECK(m.num_parameters() ==
             2 * m.vocab_size * h + m.num_layers * (attention + 2 * h + 3 * h * m.ffn_hidden_size) + h);
@@ -300,24 +300,24 @@ TEST_CASE("MLA cache bytes per token per layer: DeepSeek-V3 in bf16 caches 70,27
   }
   comm::launch(2, [&](comm::ThreadComm& world) {
     DeviceMesh mesh(world, ParallelLayout{.tensor = 2});
-    MLA attn(mesh.tensor_group(), c, kPrefix, 0, 5);
+    MLA attn(mesh.tensor_group(), c, model::MlaAttentionSpec::describe(c, 0), 0, 5);
     CHECK(attn.latent_values_per_token() * 4 == model::mla_cache_bytes_per_token(c, 4));  // not divided by TP
   });
 }
 
 TEST_CASE("MLA refuses a config without MLA, heads that do not split and paged contexts") {
   comm::launch(1, [&](comm::ThreadComm& world) {
-    CHECK_THROWS_AS(MLA(world, model::ModelConfig{}, kPrefix, 0, 1), ConfigError);
+    CHECK_THROWS_AS(MLA(world, model::ModelConfig{}, model::MlaAttentionSpec::describe(small_config(6), 0), 0, 1), ConfigError);
     model::ModelConfig c = small_config(6);
     c.use_flash_attn = true;
-    CHECK_THROWS_AS(MLA(world, c, kPrefix, 0, 1), Error);
-    MLA attn(world, small_config(6), kPrefix, 0, 1);
+    CHECK_THROWS_AS(MLA(world, c, model::MlaAttentionSpec::describe(small_config(6), 0), 0, 1), Error);
+    MLA attn(world, small_config(6), model::MlaAttentionSpec::describe(small_config(6), 0), 0, 1);
     model::PagedKvBatch paged;
     const auto ctx = model::ForwardContext::for_serving({0}, &paged);
     CHECK_THROWS_AS(attn.forward(ctx, Tensor({1, 16}), nullptr), Error);
   });
   comm::launch(3, [&](comm::ThreadComm& world) {
-    CHECK_THROWS_AS(MLA(world, small_config(6), kPrefix, 0, 1), ConfigError);
+    CHECK_THROWS_AS(MLA(world, small_config(6), model::MlaAttentionSpec::describe(small_config(6), 0), 0, 1), ConfigError);
   });
 }
 

@@ -91,6 +91,33 @@ TEST_CASE("the model holds exactly the tensors of its description") {
   });
 }
 
+TEST_CASE("an MLA model (with and without a query latent) holds exactly the tensors of its description") {
+  for (std::int64_t q_lora : {0, 12}) {
+    model::ModelConfig c = moe();
+    c.q_lora_rank = q_lora;
+    c.kv_lora_rank = 8;
+    c.qk_nope_head_dim = 4;
+    c.qk_rope_head_dim = 4;
+    c.v_head_dim = 6;
+    CAPTURE(q_lora);
+    CHECK(model::layer_kind(c, 0).attention == model::AttentionKind::Mla);
+    comm::launch(2, [&](comm::ThreadComm& world) {
+      model::CausalLM<P> m(c, world, model::PartRange::whole(3), 7);
+      check_built_from_description(m, 2);
+      const auto& mla = *m.parts().blocks.at(0).mla;
+      CHECK(mla.q_a.has_value() == (q_lora > 0));
+      CHECK(mla.q_b.tensor.name == (q_lora > 0 ? "model.layers.0.self_attn.q_b_proj.weight"
+                                               : "model.layers.0.self_attn.q_proj.weight"));
+      CHECK_FALSE(m.parts().blocks.at(0).gqa.has_value());
+    });
+    // The description's count equals ModelConfig's closed form for MLA too.
+    std::int64_t described = 0;
+    const model::ModelParts parts = model::describe_parts(c, model::PartRange::whole(3));
+    for (const auto* p : parts.parameters()) described += numel(p->tensor.global_shape);
+    CHECK(described == c.num_parameters());
+  }
+}
+
 TEST_CASE("layer_kind decides each layer's feed-forward, and the blocks follow it") {
   model::ModelConfig c = moe();
   c.num_layers = 4;

@@ -56,13 +56,15 @@ struct Layout {
 // Trains `steps` steps at `layout`; gathers every global parameter from the ranks of DP
 // replica 0 (each pipeline stage its own layers; tied copies left to the first stage) and the
 // routed experts from its expert group (the first EP DP ranks).
-RunResult run(Layout l, const model::ModelConfig& config, int steps, const ep::MoeOptions& moe = {}) {
+RunResult run(Layout l, const model::ModelConfig& config, int steps, const ep::MoeOptions& moe = {},
+              int zero_stage = 0) {
   const auto& data = test::shakespeare(config.seq_length);
   train::TrainConfig tc = test::small_train_config(l.global_batch, steps);
   tc.ddp.overlap_grad_reduce = l.overlap_grad_reduce;
   tc.pipeline.schedule = l.schedule;
   tc.pipeline.num_layers_per_virtual_stage = l.layers_per_virtual_stage;
   tc.moe = moe;
+  tc.zero_stage = zero_stage;
   RunResult out;
   std::mutex mu;
   comm::launch(l.tp * l.pp * l.dp, [&](comm::ThreadComm& world) {
@@ -226,6 +228,51 @@ TEST_CASE("layout invariance: a DeepSeekMoE model gives the same losses at EP 1,
       CHECK(test::relative_error(r.initial, ref.initial) == 0.0);
       CHECK(test::relative_error(r.final, ref.final) <= 1e-5);
     }
+  }
+}
+
+TEST_CASE("layout invariance: an MLA model (DeepSeek-V3's attention and MoE) gives the TP1/PP1/DP1 losses") {
+  // Multi-head Latent Attention with a query latent, YaRN and decoupled RoPE keys in every
+  // layer, the DeepSeek-V3 router (sigmoid, expert bias, groups), the first layer dense. TP
+  // splits q_b_proj / kv_b_proj by heads and o_proj by rows and keeps the down-projections
+  // replicated, so layouts differ only in summation order: the dense test's tolerance.
+  auto config = test::small_moe_model();
+  config.q_lora_rank = 12;
+  config.kv_lora_rank = 8;
+  config.qk_nope_head_dim = 6;
+  config.qk_rope_head_dim = 4;
+  config.v_head_dim = 6;
+  config.rope_scaling = {.type = "yarn", .factor = 4, .original_max_position_embeddings = 8, .beta_fast = 32,
+                         .beta_slow = 1, .mscale = 1.0, .mscale_all_dim = 1.0};
+  config.moe_router_score_function = ep::ScoreFunction::Sigmoid;
+  config.moe_router_enable_expert_bias = true;
+  config.moe_router_num_groups = 4;
+  config.moe_router_group_topk = 2;
+  const int steps = 20;
+  const RunResult ref = run(Layout{}, config, steps);
+  REQUIRE(ref.losses.size() == steps);
+  CHECK(ref.losses.back() < ref.losses.front());
+  struct Case {
+    Layout layout;
+    int zero_stage;
+  };
+  for (const Case& c : std::vector<Case>{{{2, 1, 1}, 0},
+                                         {{2, 2, 1}, 0},
+                                         {{2, 1, 2}, 3},
+                                         {{1, 1, 2, 0, "", false, 8, 2}, 0}}) {
+    const Layout& l = c.layout;
+    CAPTURE(l.tp);
+    CAPTURE(l.pp);
+    CAPTURE(l.dp);
+    CAPTURE(l.ep);
+    CAPTURE(c.zero_stage);
+    const RunResult r = run(l, config, steps, {}, c.zero_stage);
+    for (int s = 0; s < steps; ++s) {
+      CAPTURE(s);
+      CHECK(std::abs(r.losses[s] - ref.losses[s]) <= 1e-5 * std::abs(ref.losses[s]));
+    }
+    CHECK(test::relative_error(r.initial, ref.initial) == 0.0);
+    CHECK(test::relative_error(r.final, ref.final) <= 1e-5);
   }
 }
 

@@ -1,7 +1,8 @@
 #pragma once
 // A DeepSeek-style decoder block (pre-norm):
 //   h = x + Attention(RMSNorm(x)),  out = h + FFN(RMSNorm(h)),
-// FFN the dense SwiGLU MLP, or in an MoE layer the DeepSeekMoE layer (MoELayer), as the
+// Attention grouped-query (Attention) or Multi-head Latent Attention (MLAttention), FFN the
+// dense SwiGLU MLP, or in an MoE layer the DeepSeekMoE layer (MoELayer), as the
 // block's DecoderBlockSpec says (layer_kind, model/parts.hpp).
 // Hugging Face names: model.layers.{i}.{input_layernorm, self_attn.*, post_attention_layernorm, mlp.*}.
 #include <memory>
@@ -11,6 +12,7 @@
 #include "dsp/core/trace.hpp"
 #include "dsp/model/moe_layer.hpp"
 #include "dsp/model/attention.hpp"
+#include "dsp/model/mla_attention.hpp"
 #include "dsp/model/mlp.hpp"
 #include "dsp/model/rms_norm.hpp"
 
@@ -23,13 +25,15 @@ class DecoderBlock {
   using Comm = typename Policy::Comm;
   struct Saved {
     typename RMSNorm<Policy>::Saved norm1, norm2;
-    typename Attention<Policy>::Saved attn;
+    typename Attention<Policy>::Saved attn;   ///< GQA
+    typename MLAttention<Policy>::Saved mla;  ///< MLA
     typename MLP<Policy>::Saved mlp;
     typename MoELayer<Policy>::Saved moe;
-    /// Every activation kept (the unused one of mlp and moe is empty).
+    /// Every activation kept (the unused one of attn and mla, and of mlp and moe, is empty).
     std::vector<Tensor*> tensors() {
       std::vector<Tensor*> out;
-      for (const auto& part : {norm1.tensors(), norm2.tensors(), attn.tensors(), mlp.tensors(), moe.tensors()})
+      for (const auto& part :
+           {norm1.tensors(), norm2.tensors(), attn.tensors(), mla.tensors(), mlp.tensors(), moe.tensors()})
         out.insert(out.end(), part.begin(), part.end());
       return out;
     }
@@ -40,10 +44,12 @@ class DecoderBlock {
   /// expert-parallel group of an MoE layer (unused by dense layers).
   DecoderBlock(Comm& tp, Comm& ep, const ModelConfig& c, const DecoderBlockSpec& spec, std::uint64_t seed)
       : norm1_(spec.input_norm, c.norm_epsilon, tp.size(), tp.rank()),
-        attn_(tp, c, spec.attention, spec.layer, seed),
         norm2_(spec.post_attention_norm, c.norm_epsilon, tp.size(), tp.rank()),
+        layer_(spec.layer),
         forward_span_("layers." + std::to_string(spec.layer) + ".forward"),
         backward_span_("layers." + std::to_string(spec.layer) + ".backward") {
+    if (spec.mla) mla_ = std::make_unique<MLAttention<Policy>>(tp, c, *spec.mla, spec.layer, seed);
+    else attn_ = std::make_unique<Attention<Policy>>(tp, c, *spec.gqa, spec.layer, seed);
     if (spec.moe) moe_ = std::make_unique<MoELayer<Policy>>(tp, ep, c, spec.layer, *spec.moe, seed);
     else mlp_ = std::make_unique<MLP<Policy>>(tp, *spec.mlp, seed);
   }
@@ -54,7 +60,8 @@ class DecoderBlock {
     trace::Span span(forward_span_, trace::Kind::Compute);
     Tensor normed = norm1_.forward(x, saved ? &saved->norm1 : nullptr);
     round_activations(Backend{}, ctx.activations, normed);
-    Tensor h = attn_.forward(ctx, normed, saved ? &saved->attn : nullptr);
+    Tensor h = mla_ ? mla_->forward(ctx, normed, saved ? &saved->mla : nullptr)
+                    : attn_->forward(ctx, normed, saved ? &saved->attn : nullptr);
     add(Backend{}, x.numel(), x.data(), h.data());
     round_activations(Backend{}, ctx.activations, h);
     normed = norm2_.forward(h, saved ? &saved->norm2 : nullptr);
@@ -71,14 +78,14 @@ class DecoderBlock {
     trace::Span span(backward_span_, trace::Kind::Compute);
     Tensor dh = norm2_.backward(moe_ ? moe_->backward(ctx, dout, s.moe) : mlp_->backward(dout, s.mlp), s.norm2);
     add(Backend{}, dout.numel(), dout.data(), dh.data());
-    Tensor dx = norm1_.backward(attn_.backward(ctx, dh, s.attn), s.norm1);
+    Tensor dx = norm1_.backward(mla_ ? mla_->backward(ctx, dh, s.mla) : attn_->backward(ctx, dh, s.attn), s.norm1);
     add(Backend{}, dh.numel(), dh.data(), dx.data());
     return dx;
   }
 
   std::vector<Parameter*> parameters() {
     std::vector<Parameter*> p{&norm1_.weight()};
-    for (auto* a : attn_.parameters()) p.push_back(a);
+    for (auto* a : mla_ ? mla_->parameters() : attn_->parameters()) p.push_back(a);
     p.push_back(&norm2_.weight());
     for (auto* m : moe_ ? moe_->parameters() : mlp_->parameters()) p.push_back(m);
     return p;
@@ -87,17 +94,33 @@ class DecoderBlock {
   std::vector<Parameter*> buffers() { return moe_ ? moe_->buffers() : std::vector<Parameter*>{}; }
   /// The MoE layer, null in a dense layer.
   MoELayer<Policy>* moe() { return moe_.get(); }
-  std::span<float> replicated_kv_grad() { return attn_.replicated_kv_grad(); }
-  std::int64_t kv_heads_local() const { return attn_.kv_heads_local(); }
-  /// Values per token in this layer's paged KV cache on this rank (Attention::kv_values_per_token).
-  std::int64_t kv_values_per_token() const { return attn_.kv_values_per_token(); }
+  /// GQA's K/V gradient of heads replicated over TP ranks (empty for MLA, which all-reduces its
+  /// replicated projections' input gradients itself).
+  std::span<float> replicated_kv_grad() { return mla_ ? std::span<float>{} : attn_->replicated_kv_grad(); }
+  /// The MLA attention, null in a GQA layer.
+  MLAttention<Policy>* mla() { return mla_.get(); }
+  /// GQA's K/V heads on this rank. Throws ConfigError for MLA, which the paged serving engine
+  /// does not run yet (its latent cache, MLAttention::latent / attend_latents, is not wired in).
+  std::int64_t kv_heads_local() const {
+    DSP_CHECK_AS(ConfigError, attn_, "serving an MLA model (layer ", layer_, ") through the paged engine is not ",
+                 "implemented yet: MLA's latent cache is not wired into serve::Engine");
+    return attn_->kv_heads_local();
+  }
+  /// Values per token in this layer's paged KV cache on this rank (Attention::kv_values_per_token;
+  /// throws for MLA as kv_heads_local).
+  std::int64_t kv_values_per_token() const {
+    kv_heads_local();
+    return attn_->kv_values_per_token();
+  }
 
  private:
   RMSNorm<Policy> norm1_;
-  Attention<Policy> attn_;
+  std::unique_ptr<Attention<Policy>> attn_;  // GQA layer
+  std::unique_ptr<MLAttention<Policy>> mla_;  // MLA layer
   RMSNorm<Policy> norm2_;
   std::unique_ptr<MLP<Policy>> mlp_;          // dense layer
   std::unique_ptr<MoELayer<Policy>> moe_;  // MoE layer
+  std::int64_t layer_;                        // global layer index
   std::string forward_span_, backward_span_;  // trace names: "layers.{layer}.forward", ...
 };
 

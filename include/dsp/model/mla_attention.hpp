@@ -35,9 +35,10 @@
 #include "dsp/backend/host/elementwise.hpp"
 #include "dsp/backend/host/rope_interleaved.hpp"
 #include "dsp/backend/linear.hpp"
-#include "dsp/model/activation_precision.hpp"
+#include "dsp/precision/activation_precision.hpp"
 #include "dsp/model/config.hpp"
 #include "dsp/model/forward_context.hpp"
+#include "dsp/model/parts.hpp"
 #include "dsp/model/rms_norm.hpp"
 #include "dsp/model/yarn.hpp"
 #include "dsp/tp/column_parallel_linear.hpp"
@@ -80,10 +81,10 @@ class MLAttention {
     }
   };
 
-  /// prefix: "model.layers.{i}.self_attn"; layer: global layer index. Throws ConfigError when c
+  /// Builds this rank's shards of `spec` (MlaAttentionSpec::describe); layer: global layer index. Throws ConfigError when c
   /// is not an MLA config (kv_lora_rank = 0), heads do not split over TP, or a width is invalid;
   /// Error with use_flash_attn (MLA has no flash path yet).
-  MLAttention(Comm& tp, const ModelConfig& c, const std::string& prefix, std::int64_t layer, std::uint64_t seed)
+  MLAttention(Comm& tp, const ModelConfig& c, const MlaAttentionSpec& spec, std::int64_t layer, std::uint64_t seed)
       : tp_(&tp),
         layer_(layer),
         heads_(checked(c, tp.size()).num_attention_heads / tp.size()),
@@ -94,25 +95,16 @@ class MLAttention {
         v_dim_(c.v_head_dim),
         scale_(static_cast<float>(mla_softmax_scale(nope_ + rope_, c.rope_scaling))),
         freq_(rope_frequencies(rope_, c.rope_theta, c.rope_scaling)),
-        kv_a_(ShardedTensor::replicated(prefix + ".kv_a_proj_with_mqa.weight", {kv_lora_ + rope_, c.hidden_size}),
-              {Init::Normal, c.init_method_std}, seed, tp.size(), tp.rank()),
-        kv_norm_(prefix + ".kv_a_layernorm.weight", kv_lora_, kLatentNormEps, tp.size(), tp.rank()),
-        kv_b_(tp, ShardedTensor::split(prefix + ".kv_b_proj.weight", {c.num_attention_heads * (nope_ + v_dim_), kv_lora_}, 0),
-              {Init::Normal, c.init_method_std}, seed),
-        o_(tp, ShardedTensor::split(prefix + ".o_proj.weight", {c.hidden_size, c.num_attention_heads * v_dim_}, 1),
-           {Init::Normal, c.init_method_std / std::sqrt(2.0f * static_cast<float>(c.num_layers))}, seed) {
-    DSP_CHECK(!c.use_flash_attn, "MLA (", prefix, "): --use-flash-attn is not implemented for MLA");
-    const std::int64_t qk_out = c.num_attention_heads * (nope_ + rope_);
-    if (q_lora_ > 0) {
-      q_a_.emplace(ShardedTensor::replicated(prefix + ".q_a_proj.weight", {q_lora_, c.hidden_size}),
-                   Init{Init::Normal, c.init_method_std}, seed, tp.size(), tp.rank());
-      q_norm_.emplace(prefix + ".q_a_layernorm.weight", q_lora_, kLatentNormEps, tp.size(), tp.rank());
-      q_b_.emplace(tp, ShardedTensor::split(prefix + ".q_b_proj.weight", {qk_out, q_lora_}, 0),
-                   Init{Init::Normal, c.init_method_std}, seed);
-    } else {
-      q_b_.emplace(tp, ShardedTensor::split(prefix + ".q_proj.weight", {qk_out, c.hidden_size}, 0),
-                   Init{Init::Normal, c.init_method_std}, seed);
+        kv_a_(spec.kv_a, seed, tp.size(), tp.rank()),
+        kv_norm_(spec.kv_a_norm, kLatentNormEps, tp.size(), tp.rank()),
+        kv_b_(tp, spec.kv_b.tensor, spec.kv_b.init, seed),
+        o_(tp, spec.o.tensor, spec.o.init, seed) {
+    DSP_CHECK(!c.use_flash_attn, "MLA (layer ", layer, "): --use-flash-attn is not implemented for MLA");
+    if (spec.q_a) {
+      q_a_.emplace(*spec.q_a, seed, tp.size(), tp.rank());
+      q_norm_.emplace(*spec.q_a_norm, kLatentNormEps, tp.size(), tp.rank());
     }
+    q_b_.emplace(tp, spec.q_b.tensor, spec.q_b.init, seed);
   }
 
   /// Training (and un-absorbed inference) over ctx's [batch, seq] layout: x [tokens, hidden] ->

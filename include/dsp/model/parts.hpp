@@ -27,8 +27,9 @@
 
 namespace dsp::model {
 
-/// The attention of a decoder layer: grouped-query attention (model/attention.hpp).
-enum class AttentionKind { Gqa };
+/// The attention of a decoder layer: grouped-query attention (model/attention.hpp) or
+/// Multi-head Latent Attention (model/mla_attention.hpp).
+enum class AttentionKind { Gqa, Mla };
 /// The feed-forward of a decoder layer: the dense SwiGLU MLP or the DeepSeekMoE layer.
 enum class FeedForwardKind { Dense, Moe };
 
@@ -39,9 +40,11 @@ struct LayerKind {
 };
 
 /// The one place that says which attention and which feed-forward global layer `layer` has:
-/// MoE from first_k_dense_replace on in an MoE model (ModelConfig::is_moe_layer), else dense.
+/// MLA in every layer when the config has a KV latent (ModelConfig::is_mla), else GQA; MoE from
+/// first_k_dense_replace on in an MoE model (ModelConfig::is_moe_layer), else dense.
 inline LayerKind layer_kind(const ModelConfig& c, std::int64_t layer) {
-  return {AttentionKind::Gqa, c.is_moe_layer(layer) ? FeedForwardKind::Moe : FeedForwardKind::Dense};
+  return {c.is_mla() ? AttentionKind::Mla : AttentionKind::Gqa,
+          c.is_moe_layer(layer) ? FeedForwardKind::Moe : FeedForwardKind::Dense};
 }
 
 /// Megatron's scaled init for the projections that write into the residual stream (o_proj,
@@ -68,6 +71,55 @@ struct GqaAttentionSpec {
              {Init::Normal, output_init_std(c)}}};
   }
   std::vector<const ParameterSpec*> parameters() const { return {&qkv, &o}; }
+};
+
+/// The tensors of Multi-head Latent Attention (model::MLAttention; DeepSeek-V2 report section
+/// 2.1, Hugging Face names), tensor-parallel as Megatron-Core and vLLM split it: the two
+/// down-projections and their norms replicated, the up-projections split by heads, o_proj
+/// row-parallel. heads = num_attention_heads, qk = qk_nope_head_dim + qk_rope_head_dim.
+struct MlaAttentionSpec {
+  std::optional<ParameterSpec> q_a;       ///< q_a_proj.weight [q_lora_rank, hidden], replicated (when q_lora_rank > 0)
+  std::optional<ParameterSpec> q_a_norm;  ///< q_a_layernorm.weight [q_lora_rank], replicated, ones
+  ParameterSpec q_b;        ///< q_b_proj.weight [heads qk, q_lora_rank] (or q_proj.weight [heads qk, hidden]), split by heads
+  ParameterSpec kv_a;       ///< kv_a_proj_with_mqa.weight [kv_lora_rank + qk_rope_head_dim, hidden], replicated
+  ParameterSpec kv_a_norm;  ///< kv_a_layernorm.weight [kv_lora_rank], replicated, ones
+  ParameterSpec kv_b;       ///< kv_b_proj.weight [heads (qk_nope_head_dim + v_head_dim), kv_lora_rank], split by heads
+  ParameterSpec o;          ///< o_proj.weight [hidden, heads v_head_dim], row-parallel
+
+  /// Layer `layer`'s attention, prefix "model.layers.{layer}.self_attn".
+  static MlaAttentionSpec describe(const ModelConfig& c, std::int64_t layer) {
+    const std::string p = layer_prefix(layer) + ".self_attn";
+    const Init normal{Init::Normal, c.init_method_std};
+    const std::int64_t h = c.hidden_size, heads = c.num_attention_heads,
+                       qk = c.qk_nope_head_dim + c.qk_rope_head_dim;
+    auto ones = [](std::string name, std::int64_t n) {
+      return ParameterSpec{ShardedTensor::replicated(std::move(name), {n}), {Init::Ones}};
+    };
+    MlaAttentionSpec s{
+        std::nullopt,
+        std::nullopt,
+        {ShardedTensor::split(p + (c.q_lora_rank > 0 ? ".q_b_proj.weight" : ".q_proj.weight"),
+                              {heads * qk, c.q_lora_rank > 0 ? c.q_lora_rank : h}, 0),
+         normal},
+        {ShardedTensor::replicated(p + ".kv_a_proj_with_mqa.weight", {c.kv_lora_rank + c.qk_rope_head_dim, h}), normal},
+        ones(p + ".kv_a_layernorm.weight", c.kv_lora_rank),
+        {ShardedTensor::split(p + ".kv_b_proj.weight", {heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank}, 0),
+         normal},
+        {ShardedTensor::split(p + ".o_proj.weight", {h, heads * c.v_head_dim}, 1), {Init::Normal, output_init_std(c)}}};
+    if (c.q_lora_rank > 0) {
+      s.q_a = ParameterSpec{ShardedTensor::replicated(p + ".q_a_proj.weight", {c.q_lora_rank, h}), normal};
+      s.q_a_norm = ones(p + ".q_a_layernorm.weight", c.q_lora_rank);
+    }
+    return s;
+  }
+  /// q_a_proj, q_a_layernorm, q_b_proj (or q_proj), kv_a_proj_with_mqa, kv_a_layernorm,
+  /// kv_b_proj, o_proj (model::MLAttention::parameters()).
+  std::vector<const ParameterSpec*> parameters() const {
+    std::vector<const ParameterSpec*> out;
+    if (q_a) out.insert(out.end(), {&*q_a, &*q_a_norm});
+    out.insert(out.end(), {&q_b, &kv_a, &kv_a_norm, &kv_b, &o});
+    return out;
+  }
 };
 
 /// The tensors of a DeepSeekMoE layer (model::MoELayer) on one expert-parallel rank, under
@@ -122,7 +174,8 @@ struct DecoderBlockSpec {
   std::int64_t layer = 0;  ///< global layer index
   LayerKind kind;
   ParameterSpec input_norm;           ///< input_layernorm.weight [hidden], replicated, ones
-  GqaAttentionSpec attention;         ///< self_attn.*
+  std::optional<GqaAttentionSpec> gqa;  ///< self_attn.* (kind.attention == Gqa)
+  std::optional<MlaAttentionSpec> mla;  ///< self_attn.* (kind.attention == Mla)
   ParameterSpec post_attention_norm;  ///< post_attention_layernorm.weight [hidden], replicated, ones
   std::optional<tp::SwiGluSpec> mlp;  ///< mlp.*: the dense MLP (kind.feed_forward == Dense)
   std::optional<MoeSpec> moe;         ///< mlp.*: the MoE layer (kind.feed_forward == Moe)
@@ -134,10 +187,13 @@ struct DecoderBlockSpec {
     DecoderBlockSpec s{layer,
                        layer_kind(c, layer),
                        norm(p + ".input_layernorm.weight", c.hidden_size),
-                       GqaAttentionSpec::describe(c, layer),
+                       std::nullopt,
+                       std::nullopt,
                        norm(p + ".post_attention_layernorm.weight", c.hidden_size),
                        std::nullopt,
                        std::nullopt};
+    if (s.kind.attention == AttentionKind::Mla) s.mla = MlaAttentionSpec::describe(c, layer);
+    else s.gqa = GqaAttentionSpec::describe(c, layer);
     if (s.kind.feed_forward == FeedForwardKind::Moe)
       s.moe = MoeSpec::describe(c, layer, output_init_std(c), ep_size, ep_rank);
     else
@@ -153,7 +209,7 @@ struct DecoderBlockSpec {
   /// Input norm, attention, post-attention norm, feed-forward (model::DecoderBlock::parameters()).
   std::vector<const ParameterSpec*> parameters() const {
     std::vector<const ParameterSpec*> out{&input_norm};
-    for (const auto* a : attention.parameters()) out.push_back(a);
+    for (const auto* a : gqa ? gqa->parameters() : mla->parameters()) out.push_back(a);
     out.push_back(&post_attention_norm);
     if (mlp) out.insert(out.end(), {&mlp->gate_up, &mlp->down});
     if (moe)
