@@ -28,6 +28,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "dsp/backend/attention.hpp"
@@ -100,6 +101,8 @@ class MLAttention {
         kv_b_(tp, spec.kv_b.tensor, spec.kv_b.init, seed),
         o_(tp, spec.o.tensor, spec.o.init, seed) {
     DSP_CHECK(!c.use_flash_attn, "MLA (layer ", layer, "): --use-flash-attn is not implemented for MLA");
+    DSP_CHECK_AS(ConfigError, (std::is_same_v<Backend, backend::Host>), "MLA (layer ", layer,
+                 ") runs on the host backend only: there is no CUDA interleaved-RoPE op yet");
     if (spec.q_a) {
       q_a_.emplace(*spec.q_a, seed, tp.size(), tp.rank());
       q_norm_.emplace(*spec.q_a_norm, kLatentNormEps, tp.size(), tp.rank());
@@ -181,8 +184,7 @@ class MLAttention {
                    n, v_dim_);
     }
     tp::CopyToTpRegion::backward(*tp_, dk_pe);
-    rope_interleaved_backward(Backend{}, {dk_pe.data(), n, 1, rope_, rope_, rope_}, positions.data(),
-                              freq_.inv_freq.data(), freq_.attention_factor);
+    rotate({dk_pe.data(), n, 1, rope_, rope_, rope_}, positions.data(), true);
     const Tensor dkv_latent = kv_b_.backward(s.kv_latent, dkv);  // summed over TP
     const Tensor dc_kv = kv_norm_.backward(dkv_latent, s.kv_norm);
     Tensor dkv_a({n, kv_lora_ + rope_});
@@ -190,8 +192,7 @@ class MLAttention {
     copy_columns(Backend{}, dk_pe.data(), rope_, 0, dkv_a.data(), kv_lora_ + rope_, kv_lora_, n, rope_);
     Tensor dx = replicated_backward(kv_a_, s.x, dkv_a);
 
-    rope_interleaved_backward(Backend{}, rope_slices(dq, n), positions.data(), freq_.inv_freq.data(),
-                              freq_.attention_factor);
+    rotate(rope_slices(dq, n), positions.data(), true);
     if (q_lora_ > 0) {
       const Tensor dq_latent = q_b_->backward(s.q_latent, dq);  // summed over TP
       add(Backend{}, dx.numel(), replicated_backward(*q_a_, s.x, q_norm_->backward(dq_latent, s.q_norm)).data(),
@@ -299,9 +300,17 @@ class MLAttention {
     } else {
       q = q_b_->forward(x);
     }
-    rope_interleaved_forward(Backend{}, rope_slices(q, x.dim(0)), positions, freq_.inv_freq.data(),
-                             freq_.attention_factor);
+    rotate(rope_slices(q, x.dim(0)), positions, false);
     return q;
+  }
+
+  // RoPE on the interleaved pairs of s (backend/host/rope_interleaved.hpp), or its transpose.
+  // Host only: the constructor refuses other backends, for which this compiles to nothing.
+  void rotate(const backend::RotarySlices& s, const std::int32_t* positions, bool transpose) const {
+    if constexpr (std::is_same_v<Backend, backend::Host>) {
+      if (transpose) backend::rope_interleaved_backward(Backend{}, s, positions, freq_.inv_freq.data(), freq_.attention_factor);
+      else backend::rope_interleaved_forward(Backend{}, s, positions, freq_.inv_freq.data(), freq_.attention_factor);
+    }
   }
 
   /// x -> [tokens, kv_lora + rope] = [kv_a_layernorm(c_kv) | RoPE(k_pe)]; keeps kv_norm in s.
@@ -312,8 +321,7 @@ class MLAttention {
     copy_columns(Backend{}, latent.data(), lw, 0, c_kv.data(), kv_lora_, 0, n, kv_lora_);
     const Tensor normed = kv_norm_.forward(c_kv, s ? &s->kv_norm : nullptr);
     copy_columns(Backend{}, normed.data(), kv_lora_, 0, latent.data(), lw, 0, n, kv_lora_);
-    rope_interleaved_forward(Backend{}, {latent.data() + kv_lora_, n, 1, rope_, lw, rope_}, positions,
-                             freq_.inv_freq.data(), freq_.attention_factor);
+    rotate({latent.data() + kv_lora_, n, 1, rope_, lw, rope_}, positions, false);
     return latent;
   }
 
