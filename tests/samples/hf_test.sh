@@ -8,7 +8,9 @@
 #    with the same logits again (the round trip HF -> dsp -> HF);
 #  - dsp-generate generates from the HF folder directly; dsp-train starts from it (at TP1 and
 #    TP2 x PP2, the same losses) and its checkpoint merges;
-#  - bad input: an MLA model (not supported yet), --merge of an HF folder, a missing TP size, a
+#  - DeepSeek-V3 (MLA) imported at TP2 gives transformers' logits; serving it says the engine
+#    has no MLA cache yet;
+#  - bad input: --merge of an HF folder, a missing TP size, a
 #    bad token id, a tensor of the wrong shape (file and tensor named).
 # Usage: hf_test.sh BIN_DIR SOURCE_DIR
 set -uo pipefail
@@ -81,8 +83,16 @@ same_losses "HF start at TP2 x PP2" "$work/t1.jsonl" "$work/t4.jsonl"
 "$bin/dsp-reshard" --load "$work/trained" --save "$work/trained_hf" --merge >/dev/null 2>&1 \
   && [ -f "$work/trained_hf/model.safetensors" ] && ok || fail "merge of the model trained from the HF folder"
 
-expect_fail "MLA model" "not supported yet: MLA" "$work/v3" -- \
-  "$bin/dsp-reshard" --load "$fixtures/deepseek_v3" --save "$work/v3" --tensor-model-parallel-size 1
+# DeepSeek-V3 (MLA, YaRN, noaux_tc MoE): imported at TP2, its logits equal transformers'.
+"$bin/dsp-reshard" --load "$fixtures/deepseek_v3" --save "$work/v3" --tensor-model-parallel-size 2 >/dev/null \
+  2>"$work/err" || fail "dsp-reshard import of DeepSeek-V3: $(cat "$work/err")"
+v3_ids=$(values "$fixtures/deepseek_v3/logits.safetensors" ids | awk '{ printf "%s%d", (NR > 1 ? "," : ""), $1 }')
+"$bin/dsp-generate" --load "$work/v3" --prompt-ids "$v3_ids" --logits-file "$work/v3.safetensors" >/dev/null \
+  2>"$work/err" || fail "dsp-generate --logits-file on DeepSeek-V3: $(cat "$work/err")"
+d=$(max_diff "$work/v3.safetensors" logits.0 "$fixtures/deepseek_v3/logits.safetensors" logits)
+within "$d" 1e-4 && ok || fail "DeepSeek-V3 logits differ from transformers' by $d"
+expect_fail "serving an MLA model" "MLA's latent cache is not wired into serve::Engine" "$work/v3_out" -- \
+  "$bin/dsp-generate" --load "$work/v3" --prompt "hi" --max-new-tokens 2
 expect_fail "merge of an HF folder" "is a Hugging Face model folder already" "$work/m2" -- \
   "$bin/dsp-reshard" --load "$llama" --save "$work/m2" --merge
 expect_fail "import without a TP size" "--tensor-model-parallel-size is required" "$work/c2" -- \

@@ -4,9 +4,9 @@
 //                           RoPE, SwiGLU MLP). Fields as transformers 5 writes them
 //                           (rope_parameters {"rope_type": "default", "rope_theta": ...}) or as
 //                           transformers 4 did (rope_theta, rope_scaling null).
-//   DeepseekV3ForCausalLM,  parsed (their MoE fields into the ModelConfig, the MLA fields
-//   DeepseekV2ForCausalLM   checked), then refused: dsp computes GQA attention only, and
-//                           importing MLA weights into it would give another model.
+//   DeepseekV3ForCausalLM,  MLA (q_lora_rank null in V2-Lite), YaRN RoPE, the DeepSeekMoE
+//   DeepseekV2ForCausalLM   fields and the router of topk_method (noaux_tc, group_limited_greedy,
+//                           greedy).
 // Every error names config.json's path and the field, with the value found.
 #include <cstdint>
 #include <climits>
@@ -128,14 +128,29 @@ inline float llama_rope_theta(const ConfigFields& f, const nlohmann::json& j) {
   return f.has("rope_theta") ? static_cast<float>(f.positive("rope_theta")) : 10000.0f;  // LlamaConfig's default
 }
 
-// DeepSeek-V2/V3 (transformers' DeepseekV2Config / DeepseekV3Config): the MoE fields into `c`,
-// the MLA fields checked.
-inline void deepseek_fields(const ConfigFields& f, bool v3, model::ModelConfig& c) {
-  f.integer("kv_lora_rank", 1);
-  if (f.has("q_lora_rank")) f.integer("q_lora_rank", 1);
-  f.integer("qk_nope_head_dim", 1);
-  f.integer("qk_rope_head_dim", 2);
-  f.integer("v_head_dim", 1);
+// DeepSeek-V2/V3 (transformers' DeepseekV2Config / DeepseekV3Config): the MLA and MoE fields
+// into `c`. The RoPE of the MLA slice (rope_parameters or rope_scaling, default or YaRN) is
+// ModelConfig::from_hf_json's reading. topk_method: noaux_tc is the V3 router (expert bias,
+// groups by their top-2 sum), group_limited_greedy groups by their best score, greedy has no
+// groups (transformers ignores n_group then).
+inline void deepseek_fields(const ConfigFields& f, const nlohmann::json& j, bool v3, model::ModelConfig& c) {
+  c.kv_lora_rank = f.integer("kv_lora_rank", 1);
+  c.q_lora_rank = f.has("q_lora_rank") ? f.integer("q_lora_rank", 1) : 0;
+  c.qk_nope_head_dim = f.integer("qk_nope_head_dim", 1);
+  c.qk_rope_head_dim = f.integer("qk_rope_head_dim", 2);
+  if (c.qk_rope_head_dim % 2 != 0) f.fail("qk_rope_head_dim", "(", c.qk_rope_head_dim, ") must be even (RoPE rotates pairs)");
+  c.v_head_dim = f.integer("v_head_dim", 1);
+  if (!f.boolean_or("rope_interleave", true))
+    f.fail("rope_interleave", "is false; dsp's MLA rotates interleaved pairs, DeepSeek's layout");
+  const char* rope_field = f.has("rope_parameters") ? "rope_parameters" : "rope_scaling";
+  try {
+    const model::ModelConfig rope = model::ModelConfig::from_hf_json(j);
+    c.rope_theta = rope.rope_theta;
+    c.rope_scaling = rope.rope_scaling;
+    c.rope_scaling.validate();
+  } catch (const ConfigError& e) {
+    f.fail(rope_field, e.what());
+  }
   c.num_experts = f.integer_or("n_routed_experts", 0, 0);
   if (!c.is_moe()) return;
   c.moe_router_topk = f.integer("num_experts_per_tok", 1, c.num_experts);
@@ -153,6 +168,13 @@ inline void deepseek_fields(const ConfigFields& f, bool v3, model::ModelConfig& 
   const std::string method = f.one_of("topk_method", v3 ? "noaux_tc" : "greedy",
                                       {"greedy", "group_limited_greedy", "noaux_tc"});
   c.moe_router_enable_expert_bias = method == "noaux_tc";
+  if (method == "group_limited_greedy") c.moe_router_group_score = backend::GroupScore::Max;
+  if (method == "greedy") c.moe_router_num_groups = c.moe_router_group_topk = 1;
+  // Sigmoid scores: dsp renormalises the k > 1 weights always (DeepSeek's inference code and
+  // Megatron); transformers only with norm_topk_prob, so a V3 config without it is another model.
+  if (c.moe_router_score_function == ep::ScoreFunction::Sigmoid && c.moe_router_topk > 1 &&
+      !c.moe_router_norm_topk_prob)
+    f.fail("norm_topk_prob", "is false with sigmoid scores; dsp renormalises the top-k weights of sigmoid routing");
 }
 
 }  // namespace detail
@@ -163,8 +185,8 @@ inline void deepseek_fields(const ConfigFields& f, bool v3, model::ModelConfig& 
 /// needs is missing, of the wrong type or out of range (sizes >= 1, num_key_value_heads
 /// dividing num_attention_heads, a positive rms_norm_eps and rope_theta, head_dim equal to
 /// hidden_size / num_attention_heads); the model has something dsp does not compute (an
-/// activation other than silu, projection biases, scaled RoPE); or the architecture is
-/// DeepSeek-V2/V3 ("not supported yet: MLA", after its fields were checked).
+/// activation other than silu, projection biases, scaled RoPE on Llama, RoPE other than default
+/// or YaRN on DeepSeek, non-interleaved MLA RoPE, unnormalised sigmoid routing).
 inline model::ModelConfig parse_hf_config(const nlohmann::json& j, const std::string& where) {
   if (!j.is_object()) throw ConfigError(where + ": not a JSON object");
   const detail::ConfigFields f(j, where);
@@ -185,13 +207,11 @@ inline model::ModelConfig parse_hf_config(const nlohmann::json& j, const std::st
     return c;
   }
   if (arch == "DeepseekV3ForCausalLM" || arch == "DeepseekV2ForCausalLM") {
-    detail::deepseek_fields(f, arch == "DeepseekV3ForCausalLM", c);
-    f.fail("architectures", "is ", arch, ": not supported yet: MLA (Multi-head Latent Attention); dsp computes ",
-           "GQA attention only");
-  } else {
-    f.fail("architectures", "names unknown architecture '", arch,
-           "' (dsp reads LlamaForCausalLM; DeepseekV3ForCausalLM and DeepseekV2ForCausalLM once MLA is in)");
+    detail::deepseek_fields(f, j, arch == "DeepseekV3ForCausalLM", c);
+    return c;
   }
+  f.fail("architectures", "names unknown architecture '", arch,
+         "' (dsp reads LlamaForCausalLM, DeepseekV3ForCausalLM and DeepseekV2ForCausalLM)");
 }
 
 /// parse_hf_config of `dir`/config.json. Throws CheckpointError naming the file when it is
