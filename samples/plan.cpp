@@ -95,9 +95,17 @@ void print_model(const dsp::model::ModelConfig& c) {
     std::printf(", %lld experts (top-%lld, ffn %lld, %lld shared, first %lld dense)", (long long)c.num_experts,
                 (long long)c.moe_router_topk, (long long)c.moe_ffn_hidden_size, (long long)c.num_shared_experts,
                 (long long)c.first_k_dense_replace);
+  if (c.is_mla())
+    std::printf(", MLA (q_lora %lld, kv_lora %lld, qk %lld + %lld rope, v %lld)", (long long)c.q_lora_rank,
+                (long long)c.kv_lora_rank, (long long)c.qk_nope_head_dim, (long long)c.qk_rope_head_dim,
+                (long long)c.v_head_dim);
   const auto n = c.num_parameters();
-  std::printf("\n       %s parameters = %s in bf16, %s in fp32\n", count_str(n).c_str(), bytes_str(2.0 * double(n)).c_str(),
-              bytes_str(4.0 * double(n)).c_str());
+  std::printf("\n       %s parameters = %s in bf16, %s in fp32; %s activated per token (no embedding lookup, top-k "
+              "experts)\n",
+              count_str(n).c_str(), bytes_str(2.0 * double(n)).c_str(), bytes_str(4.0 * double(n)).c_str(),
+              count_str(c.num_activated_parameters()).c_str());
+  std::printf("       KV cache per token: %lld bytes in bf16 (%s)\n", (long long)c.kv_cache_bytes_per_token(2),
+              c.is_mla() ? "MLA: layers x (kv_lora + rope)" : "GQA: layers x 2 x KV heads x head dim");
 }
 
 void print_ledgers(const dsp::plan::TrainingPlan& plan, const dsp::plan::TrainingPrediction& t,

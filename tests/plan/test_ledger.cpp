@@ -96,6 +96,43 @@ TEST_CASE("predict_training at DP 4 follows the ZeRO formulas per rank, experts 
   CHECK(m.parameters == 2 * (n.dense + n.expert) + 4 * n.buffers);
 }
 
+// The bytes a real forward of one micro-batch kept (memory::live_bytes) against the ledger's
+// prediction, less what the stash keeps outside Tensor storage.
+void check_stash_prediction(const model::ModelConfig& c, int tp, std::int64_t act_bytes) {
+  const plan::MicroBatch mb{2, c.seq_length};
+  const std::int64_t n = mb.tokens();
+  comm::launch(tp, [&](comm::ThreadComm& world) {
+    DeviceMesh mesh(world, ParallelLayout{.tensor = tp});
+    model::CausalLM<P> m(c, mesh, 42);
+    std::vector<std::int32_t> ids(static_cast<std::size_t>(n)), targets(ids.size());
+    for (std::int64_t i = 0; i < n; ++i) {
+      ids[std::size_t(i)] = std::int32_t((7 * i + 3) % c.vocab_size);
+      targets[std::size_t(i)] = std::int32_t((5 * i + 1) % c.vocab_size);
+    }
+    auto ctx = model::ForwardContext::for_training(mb.batch, mb.seq);
+    if (act_bytes == 2) ctx.activations = precision::ActivationPrecision::Bf16;
+    model::CausalLM<P>::Activations act;
+    const std::int64_t before = memory::live_bytes();
+    m.forward(ctx, ids, targets, act);
+    const std::int64_t measured = memory::live_bytes() - before;
+
+    const auto predicted =
+        plan::dsp_stage_activation_bytes(c, tp, 1, pp::StageLayers::whole(c.num_layers), mb, act_bytes, {});
+    // Kept outside Tensor storage: positions, ids and targets int32 [n]; in an MoE layer
+    // the Routing (experts int32, weights fp32, kept u8 [n, k]; scores fp32 [n, E]), the
+    // DispatchPlan's int64 vectors and the experts' rows vectors. (RMSNorm's rstd and the
+    // loss's max and sum of exp are Tensors: measured.)
+    std::int64_t untracked = 3 * 4 * n;
+    for (std::int64_t l = 0; l < c.num_layers; ++l) {
+      if (!c.is_moe_layer(l)) continue;
+      const std::int64_t k = c.moe_router_topk, E = c.num_experts;
+      untracked += n * k * 9 + n * E * 4 + 8 * (n * k + E + 2 + E + E) + 8 * E + 8;
+    }
+    CHECK(predicted.kept - untracked == measured);
+    CHECK(predicted.recomputed == 0);
+  });
+}
+
 TEST_CASE("training activations: ledger equals the bytes a real forward stashed (fp32 and bf16, dense and MoE, flash attention)") {
   for (bool is_moe : {false, true})
     for (int tp : {1, 2, 4})
@@ -107,39 +144,25 @@ TEST_CASE("training activations: ledger equals the bytes a real forward stashed 
           CAPTURE(flash);
           auto c = is_moe ? moe() : dense();
           c.use_flash_attn = flash;
-          const plan::MicroBatch mb{2, c.seq_length};
-          const std::int64_t n = mb.tokens();
-          comm::launch(tp, [&](comm::ThreadComm& world) {
-            DeviceMesh mesh(world, ParallelLayout{.tensor = tp});
-            model::CausalLM<P> m(c, mesh, 42);
-            std::vector<std::int32_t> ids(static_cast<std::size_t>(n)), targets(ids.size());
-            for (std::int64_t i = 0; i < n; ++i) {
-              ids[std::size_t(i)] = std::int32_t((7 * i + 3) % c.vocab_size);
-              targets[std::size_t(i)] = std::int32_t((5 * i + 1) % c.vocab_size);
-            }
-            auto ctx = model::ForwardContext::for_training(mb.batch, mb.seq);
-            if (act_bytes == 2) ctx.activations = precision::ActivationPrecision::Bf16;
-            model::CausalLM<P>::Activations act;
-            const std::int64_t before = memory::live_bytes();
-            m.forward(ctx, ids, targets, act);
-            const std::int64_t measured = memory::live_bytes() - before;
-
-            const auto predicted =
-                plan::dsp_stage_activation_bytes(c, tp, 1, pp::StageLayers::whole(c.num_layers), mb, act_bytes, {});
-            // Kept outside Tensor storage: positions, ids and targets int32 [n]; in an MoE layer
-            // the Routing (experts int32, weights fp32, kept u8 [n, k]; scores fp32 [n, E]), the
-            // DispatchPlan's int64 vectors and the experts' rows vectors. (RMSNorm's rstd and the
-            // loss's max and sum of exp are Tensors: measured.)
-            std::int64_t untracked = 3 * 4 * n;
-            for (std::int64_t l = 0; l < c.num_layers; ++l) {
-              if (!c.is_moe_layer(l)) continue;
-              const std::int64_t k = c.moe_router_topk, E = c.num_experts;
-              untracked += n * k * 9 + n * E * 4 + 8 * (n * k + E + 2 + E + E) + 8 * E + 8;
-            }
-            CHECK(predicted.kept - untracked == measured);
-            CHECK(predicted.recomputed == 0);
-          });
+          check_stash_prediction(c, tp, act_bytes);
         }
+}
+
+TEST_CASE("training activations: ledger equals the bytes a real forward of an MLA model stashed") {
+  for (std::int64_t q_lora : {0, 12})
+    for (int tp : {1, 2})
+      for (std::int64_t act_bytes : {4, 2}) {
+        CAPTURE(q_lora);
+        CAPTURE(tp);
+        CAPTURE(act_bytes);
+        auto c = moe();
+        c.q_lora_rank = q_lora;
+        c.kv_lora_rank = 8;
+        c.qk_nope_head_dim = 4;
+        c.qk_rope_head_dim = 4;
+        c.v_head_dim = 6;
+        check_stash_prediction(c, tp, act_bytes);
+      }
 }
 
 TEST_CASE("recomputation: selective drops the s^2 probabilities, full keeps the layer inputs") {

@@ -63,6 +63,19 @@ expect_ok "explicit layer split" "PP rank 0: layers 0-7 + embedding" "PP rank 7:
   "$bin/dsp-plan" "${a[@]}" --num-nodes 2 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 8 \
   --pipeline-layer-split 8,8,8,8,7,7,7,7
 
+# DeepSeek's published configs (MLA): parameters as transformers builds them (671,026,404,352 and
+# 15,706,484,224: tools note in samples/configs), activated per token against the reports'
+# "37 B" (-1.0%) and "2.4 B" (+2.1%: the report rounds), the latent KV cache per token
+# (61 x 576 x 2 = 70,272 bytes in bf16), and V3's training layout (PP16 x DP128 with EP64,
+# ZeRO-1, 2,048 GPUs, 4,096-token sequences, global batch 15,360).
+expect_ok "DeepSeek-V3" "671.03 B parameters" "36.63 B activated per token" "KV cache per token: 70272 bytes in bf16" \
+  "layout: TP1 x PP16 x DP128 (EP64) = 2048 ranks" "ZeRO stage 1" "blocks of 16 tokens, 1124352 bytes each" -- \
+  "$bin/dsp-plan" --model-config "$configs/deepseek_v3_config.json" --seq-length 4096 --pipeline-model-parallel-size 16 \
+  --expert-model-parallel-size 64 --world-size 2048 --zero-stage 1 --global-batch-size 15360 \
+  --recompute-granularity selective
+expect_ok "DeepSeek-V2-Lite" "15.71 B parameters" "2.45 B activated per token" "KV cache per token: 31104 bytes in bf16" -- \
+  "$bin/dsp-plan" --model-config "$configs/deepseek_v2_lite_config.json" --seq-length 4096
+
 expect_ok "no model flags: dsp-train's default model, in units that show it" \
   "planning dsp-train's default model" "557696 parameters = 1.1 MB in bf16, 2.2 MB in fp32" "per-rank memory, MB (1e6 B)" -- \
   "$bin/dsp-plan"

@@ -140,12 +140,25 @@ struct ModelConfig {
     return vocab_size * h * (tie_word_embeddings ? 1 : 2) + layers + h;
   }
 
-  /// Parameters one token's forward multiplies by: all of num_parameters() but, in each MoE
-  /// layer, only top-k of the routed experts (plus the shared experts and the router).
+  /// Parameters one token's forward multiplies by: all of num_parameters() but the input
+  /// embedding table (a lookup; a tied table counts once, as the output layer) and, in each MoE
+  /// layer, all but the top-k routed experts (the shared experts and the router count). The
+  /// convention of DeepSeek's "activated parameters": DeepSeek-V3 36.6 B ("37 B"), V2-Lite
+  /// 2.45 B ("2.4 B") by this count (samples/configs/deepseek_*_config.json, tests/plan).
   std::int64_t num_activated_parameters() const {
-    if (!is_moe()) return num_parameters();
+    const std::int64_t lookup = tie_word_embeddings ? 0 : vocab_size * hidden_size;
+    if (!is_moe()) return num_parameters() - lookup;
     const std::int64_t idle = 3 * hidden_size * moe_ffn_hidden_size * (num_experts - moe_router_topk);
-    return num_parameters() - (num_layers - first_k_dense_replace) * idle;
+    return num_parameters() - lookup - (num_layers - first_k_dense_replace) * idle;
+  }
+
+  /// Bytes one token adds to the serving KV cache of the whole model (every layer, unsharded)
+  /// at `dtype_bytes` per value: MLA caches its latent and rope key, layers x (kv_lora_rank +
+  /// qk_rope_head_dim) (DeepSeek-V3 in bf16: 61 x 576 x 2 = 70,272); GQA its keys and values,
+  /// layers x 2 x kv_heads x head_dim.
+  std::int64_t kv_cache_bytes_per_token(std::int64_t dtype_bytes) const {
+    const std::int64_t per_layer = is_mla() ? kv_lora_rank + qk_rope_head_dim : 2 * num_query_groups * head_dim();
+    return num_layers * per_layer * dtype_bytes;
   }
 
   /// Hugging Face config.json: a dense model is the Llama architecture (the dense

@@ -93,11 +93,23 @@ inline std::int64_t dsp_layer_activation_bytes(const model::ModelConfig& c, int 
   const std::int64_t n = mb.tokens(), h = l.hidden, d = l.head_dim;
   // RMSNorm::Saved {x [n, h], rstd [n] fp32}, twice (input_layernorm, post_attention_layernorm).
   std::int64_t bytes = 2 * (n * h * act + n * 4);
-  // Attention::Saved {x [n, h], q [n, hq d], k, v [n, hkv d], probs [b, hq, s, s] (flash: lse
-  // fp32 [b, hq, s] instead), context [n, hq d]}.
-  bytes += act * (n * h + 2 * n * l.heads * d + 2 * n * l.kv_heads * d);
-  if (c.use_flash_attn) bytes += 4 * mb.batch * l.heads * mb.seq;
-  else if (g == RecomputeGranularity::None) bytes += act * mb.batch * l.heads * mb.seq * mb.seq;
+  if (c.is_mla()) {
+    // MLAttention::Saved {x [n, h], q_latent and q_a_layernorm's input [n, q_lora] + rstd fp32
+    // [n] (with a query latent), kv_a_layernorm's input and output [n, kv_lora] + rstd fp32 [n],
+    // q, k [n, hq, qk_nope + qk_rope], v [n, hq, v_head_dim], probs [b, hq, s, s] (none under
+    // selective recomputation), context [n, hq v_head_dim]}; hq = heads / t.
+    const std::int64_t qk = c.qk_nope_head_dim + c.qk_rope_head_dim, v = c.v_head_dim;
+    bytes += act * (n * h + 2 * n * c.q_lora_rank + 2 * n * c.kv_lora_rank + 2 * n * l.heads * qk +
+                    2 * n * l.heads * v) +
+             4 * n * (c.q_lora_rank > 0 ? 2 : 1);
+    if (g == RecomputeGranularity::None) bytes += act * mb.batch * l.heads * mb.seq * mb.seq;
+  } else {
+    // Attention::Saved {x [n, h], q [n, hq d], k, v [n, hkv d], probs [b, hq, s, s] (flash: lse
+    // fp32 [b, hq, s] instead), context [n, hq d]}.
+    bytes += act * (n * h + 2 * n * l.heads * d + 2 * n * l.kv_heads * d);
+    if (c.use_flash_attn) bytes += 4 * mb.batch * l.heads * mb.seq;
+    else if (g == RecomputeGranularity::None) bytes += act * mb.batch * l.heads * mb.seq * mb.seq;
+  }
   if (!c.is_moe_layer(layer)) return bytes + act * (n * h + 3 * n * l.ffn);  // MLP::Saved {x, gate_up [n, 2f/t], act [n, f/t]}
   // MoELayer::Saved: x [n, h]; Routing {experts int32 [n, k], weights fp32 [n, k], scores fp32
   // [n, E], kept u8 [n, k]}; DispatchPlan {order [A], expert_counts [E], send/recv_rows [ep],

@@ -235,9 +235,12 @@ struct ServingPlan {
 };
 
 /// KV cache bytes per rank: 2 (K and V) x layers x kv_heads_local x head_dim x batch x tokens
-/// x bytes, kv_heads_local = kv_heads / tp, or 1 when kv_heads < tp (replicated).
+/// x bytes, kv_heads_local = kv_heads / tp, or 1 when kv_heads < tp (replicated). MLA: layers x
+/// (kv_lora_rank + qk_rope_head_dim) x batch x tokens x bytes on every rank (the latent is not
+/// split over TP, as vLLM caches it; model::mla_cache_bytes_per_token).
 inline std::int64_t kv_cache_bytes(const model::ModelConfig& c, int tp, std::int64_t batch, std::int64_t tokens,
                                    std::int64_t dtype_bytes) {
+  if (c.is_mla()) return c.kv_cache_bytes_per_token(dtype_bytes) * batch * tokens;
   const std::int64_t kv_local = LocalSizes::of(c, tp, 1).kv_heads;
   return 2 * c.num_layers * kv_local * c.head_dim() * batch * tokens * dtype_bytes;
 }

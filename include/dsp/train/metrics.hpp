@@ -10,15 +10,19 @@
 
 namespace dsp::train {
 
-/// Training FLOPs per token: 6 N + 12 L h s, where N counts the parameters used in matrix
-/// multiplies (all but the input embedding lookup; a tied table counts once, as the output
-/// layer; in MoE layers only the k routed experts a token uses), L layers, h = heads x
-/// head_dim, s the sequence length. Forward is a third of it.
+/// Training FLOPs per token: 6 N + 6 L s heads (d_qk + d_v), where N counts the parameters
+/// used in matrix multiplies (ModelConfig::num_activated_parameters without the norms: no input
+/// embedding lookup; a tied table counts once, as the output layer; in MoE layers only the k
+/// routed experts a token uses), L layers, s the sequence length, d_qk and d_v the per-head
+/// query/key and value widths (head_dim both for GQA, which makes the attention term Megatron's
+/// 12 L h s; qk_nope + qk_rope and v_head_dim for MLA). Forward is a third of it.
 inline double training_flops_per_token(const model::ModelConfig& c) {
   const double n_matmul = static_cast<double>(c.num_activated_parameters()) -
-                          static_cast<double>(c.vocab_size * c.hidden_size) * (c.tie_word_embeddings ? 0.0 : 1.0) -
                           static_cast<double>((2 * c.num_layers + 1) * c.hidden_size);  // norms
-  return 6.0 * n_matmul + 12.0 * static_cast<double>(c.num_layers * c.num_attention_heads * c.head_dim() * c.seq_length);
+  const std::int64_t d_qk = c.is_mla() ? c.qk_nope_head_dim + c.qk_rope_head_dim : c.head_dim();
+  const std::int64_t d_v = c.is_mla() ? c.v_head_dim : c.head_dim();
+  return 6.0 * n_matmul +
+         6.0 * static_cast<double>(c.num_layers * c.seq_length * c.num_attention_heads * (d_qk + d_v));
 }
 
 /// Model FLOPs utilisation: achieved model FLOP/s over peak FLOP/s.
