@@ -333,6 +333,24 @@ TEST_CASE("hf import: DeepSeek-V3 and V2 configs give MLA, YaRN and their router
   }
 }
 
+TEST_CASE("hf export: an MLA model's config.json names the DeepSeek class of its router, or none") {
+  // transformers loads a merged V3 / V2 folder with dsp's logits (tools/hf_roundtrip.sh, by
+  // hand: it needs PyTorch); here, which class the config names.
+  const model::ModelConfig v3 = read_hf_config(fixture("deepseek_v3"));
+  const model::ModelConfig v2 = read_hf_config(fixture("deepseek_v2"));
+  CHECK(v3.to_hf_json().at("architectures") == nlohmann::json::array({"DeepseekV3ForCausalLM"}));
+  CHECK(v3.to_hf_json().at("topk_method") == "noaux_tc");
+  CHECK(v2.to_hf_json().at("architectures") == nlohmann::json::array({"DeepseekV2ForCausalLM"}));
+  model::ModelConfig dense = v3;
+  dense.num_experts = 0;
+  CHECK(dense.to_hf_json().at("architectures") == nlohmann::json::array({"DeepseekV3ForCausalLM"}));
+  CHECK(dense.to_hf_json().at("first_k_dense_replace") == dense.num_layers);
+  model::ModelConfig other = v2;  // softmax scores renormalised: no transformers router
+  other.moe_router_norm_topk_prob = true;
+  CHECK(other.to_hf_json().at("architectures") == nlohmann::json::array({"DspMoeForCausalLM"}));
+  CHECK(model::ModelConfig::from_hf_json(v3.to_hf_json()) == v3);
+}
+
 TEST_CASE("hf import: the DeepSeek-V3 and V2 fixtures' logits equal transformers' within 1e-4 at TP1, TP2 and EP2") {
   // 1e-4 as the Llama fixture: fp32 throughout, 3 layers; the routers' choices win by >= 4e-3
   // in the fixtures (tools/write_hf_fixtures.py), far above fp32 rounding, so dsp picks the

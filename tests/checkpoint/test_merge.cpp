@@ -195,7 +195,7 @@ TEST_CASE("merge writes transformers 5's rope_parameters beside rope_theta, and 
   meta.model_config = moe.to_hf_json();
   save_all(tmp / "moe", states_of(make_tp_states(specs, globals, 1)), meta);
   CHECK_THROWS_WITH_AS(merge(tmp / "moe", tmp / "hf_moe"),
-                       doctest::Contains("mixture-of-experts model with GQA attention (DspMoeForCausalLM)"),
+                       doctest::Contains("mixture-of-experts model (DspMoeForCausalLM: GQA attention"),
                        dsp::CheckpointError);
   CHECK(!fs::exists(tmp / "hf_moe"));
 }

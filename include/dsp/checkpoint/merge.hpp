@@ -123,14 +123,15 @@ inline std::vector<std::pair<std::string, Tensor>> hugging_face_tensors(const Sh
 /// The config.json merge writes for a checkpoint's model_config: `config` with, when it has a
 /// "rope_theta" and no "rope_parameters", transformers 5's {"rope_type": "default",
 /// "rope_theta": <the same>} added (LlamaConfig reads both spellings; 5.x writes the second).
-/// Throws CheckpointError naming `dir` for a GQA mixture-of-experts model ("architectures"
-/// DspMoeForCausalLM): no transformers class computes it (DeepSeek's classes take MLA), so a
-/// merged folder would load nowhere.
+/// Throws CheckpointError naming `dir` for a mixture-of-experts model no transformers class
+/// computes ("architectures" DspMoeForCausalLM: GQA attention, or a router unlike DeepSeek-V2's
+/// and V3's; ModelConfig::to_hf_json), so a merged folder would load nowhere.
 inline nlohmann::json hugging_face_config(const std::filesystem::path& dir, nlohmann::json config) {
   const bool gqa_moe = config.contains("architectures") && config.at("architectures") == nlohmann::json::array({"DspMoeForCausalLM"});
   DSP_CHECK_AS(CheckpointError, !gqa_moe, "checkpoint ", dir.string(),
-               " holds a mixture-of-experts model with GQA attention (DspMoeForCausalLM), which no transformers class ",
-               "computes (DeepseekV2/V3ForCausalLM take MLA attention): --merge would write a Hugging Face folder ",
+               " holds a mixture-of-experts model (DspMoeForCausalLM: GQA attention, or a router unlike DeepSeek-V2/V3's) ",
+               "which no transformers class computes (DeepseekV2/V3ForCausalLM take MLA attention and their own routers): ",
+               "--merge would write a Hugging Face folder ",
                "nothing loads; serve it with dsp-generate / dsp-serve, or reshard it with dsp-reshard");
   if (config.contains("rope_theta") && !config.contains("rope_parameters"))
     config["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", config.at("rope_theta")}};

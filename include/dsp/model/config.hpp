@@ -161,11 +161,12 @@ struct ModelConfig {
     return num_layers * per_layer * dtype_bytes;
   }
 
-  /// Hugging Face config.json: a dense model is the Llama architecture (the dense
-  /// DeepSeek-style block with GQA). An MoE model carries DeepSeek-V3's MoE field names under
-  /// its own architecture name, "DspMoeForCausalLM": its attention is GQA, not MLA, and its
-  /// group-limited routing scores a group by its top-2 sum (V3) for softmax scores too, so no
-  /// transformers class computes it; dsp's own programs read it back (from_hf_json).
+  /// Hugging Face config.json: a dense GQA model is the Llama architecture. An MLA model is
+  /// DeepseekV3ForCausalLM (dense, or with V3's router) or DeepseekV2ForCausalLM (V2's router).
+  /// Any other MoE model (GQA attention, or a router transformers does not compute, such as
+  /// softmax scores with groups scored by their top-2 sum) carries DeepSeek's MoE field names
+  /// under its own architecture name, "DspMoeForCausalLM", which only dsp's own programs read
+  /// back (from_hf_json).
   nlohmann::json to_hf_json() const {
     nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}},
             {"model_type", "llama"},
@@ -199,6 +200,11 @@ struct ModelConfig {
                            {"beta_slow", rope_scaling.beta_slow},
                            {"mscale", rope_scaling.mscale},
                            {"mscale_all_dim", rope_scaling.mscale_all_dim}};
+    if (is_mla() && !is_moe()) {  // every layer dense: DeepSeek-V3's classes with no MoE layer
+      j["architectures"] = {"DeepseekV3ForCausalLM"};
+      j["model_type"] = "deepseek_v3";
+      j["first_k_dense_replace"] = num_layers;
+    }
     if (!is_moe()) return j;
     j["architectures"] = {"DspMoeForCausalLM"};
     j["model_type"] = "dsp_moe";
@@ -216,6 +222,22 @@ struct ModelConfig {
     j["topk_method"] = moe_router_enable_expert_bias                            ? "noaux_tc"
                        : moe_router_group_score == backend::GroupScore::Max ? "group_limited_greedy"
                                                                             : "greedy";
+    // MLA with a router transformers computes: DeepSeek-V3's (sigmoid, renormalised, groups by
+    // their top-2 sum, the bias optional: a missing e_score_correction_bias loads as zeros) or
+    // DeepSeek-V2's (softmax, not renormalised, no groups or groups by their best).
+    if (is_mla()) {
+      const ep::RouterConfig r = router();
+      const bool v3 = r.score == ep::ScoreFunction::Sigmoid && (r.normalizes() || r.top_k == 1) &&
+                      r.group_score == backend::GroupScore::TopTwoSum &&
+                      (r.num_groups == 1 || num_experts / r.num_groups >= 2);
+      const bool v2 = r.score == ep::ScoreFunction::Softmax && !r.normalizes() && !moe_router_enable_expert_bias &&
+                      (r.num_groups == 1 || r.group_score == backend::GroupScore::Max);
+      if (v3 || v2) {
+        j["architectures"] = {v3 ? "DeepseekV3ForCausalLM" : "DeepseekV2ForCausalLM"};
+        j["model_type"] = v3 ? "deepseek_v3" : "deepseek_v2";
+        if (v3) j["topk_method"] = "noaux_tc";
+      }
+    }
     return j;
   }
   /// Inverse of to_hf_json; throws ConfigError naming a missing field.
