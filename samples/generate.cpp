@@ -15,8 +15,8 @@
 //
 //   dsp-generate --load hf_model --prompt-ids 1,17,42 --prompt-ids 5,6 --logits-file logits.safetensors
 // writes, instead of generating, each --prompt-ids prompt's logits at every position: tensor
-// "logits.<i>" [tokens, vocab] fp32 for prompt i, from one forward pass over the prompt at the
-// serving TP (serve::full_logits). --load takes a dsp checkpoint or a Hugging Face model folder
+// "logits.<i>" [tokens, vocab] fp32 for prompt i, the prompt logits of the serving engine at the
+// serving TP x EP (the path generation takes: paged KV cache, MLA's absorbed latent attention). --load takes a dsp checkpoint or a Hugging Face model folder
 // (config.json without manifest.json: imported, each rank reading its slices).
 #include <chrono>
 #include <cstdio>
@@ -31,7 +31,6 @@
 #include "dsp/checkpoint/safetensors.hpp"
 #include "dsp/serve/consistency.hpp"
 #include "dsp/serve/engine.hpp"
-#include "dsp/serve/full_logits.hpp"
 
 namespace {
 
@@ -67,7 +66,8 @@ std::vector<std::int32_t> parse_ids(const std::string& text, std::int64_t vocab)
   return ids;
 }
 
-// --logits-file: every prompt's logits [tokens, vocab] from one forward pass at the serving TP,
+// --logits-file: every prompt's logits [tokens, vocab] as the serving engine computes them at
+// the serving TP x EP (its prompt logits: paged KV cache, MLA's absorbed latent attention),
 // written by rank 0 as tensors logits.<i>.
 void write_logits(const std::string& load, const samples::ServingFlags& serving, const std::vector<std::string>& prompt_ids,
                   const std::string& file) {
@@ -80,15 +80,26 @@ void write_logits(const std::string& load, const samples::ServingFlags& serving,
     dsp::DeviceMesh mesh(world, dsp::ParallelLayout{.tensor = tp, .expert = ep});
     dsp::model::CausalLM<P> model(model_config, mesh, 0);
     dsp::checkpoint::load_model(load, model);
-    std::vector<dsp::Tensor> logits;
-    for (const auto& ids : prompts) logits.push_back(dsp::serve::full_logits(model, ids));
+    dsp::serve::Engine<P> engine(model, world, serving.config());
+    dsp::serve::SamplingParams params;
+    params.max_tokens = 1;
+    params.prompt_logits = true;
+    std::vector<dsp::Tensor> logits(prompts.size());
+    if (world.rank() == 0)
+      for (std::size_t i = 0; i < prompts.size(); ++i) engine.add_request(prompts[i], params, std::to_string(i));
+    while (!engine.stopped()) {
+      for (auto& out : engine.step())
+        if (out.prompt_logits.numel() > 0) logits[std::stoul(out.id)] = std::move(out.prompt_logits);
+      if (world.rank() == 0 && !engine.has_unfinished_requests()) engine.shutdown();
+    }
     if (world.rank() != 0) return;
     std::vector<std::pair<std::string, const dsp::Tensor*>> tensors;
     std::vector<std::string> names;
     for (std::size_t i = 0; i < logits.size(); ++i) names.push_back("logits." + std::to_string(i));
     for (std::size_t i = 0; i < logits.size(); ++i) tensors.emplace_back(names[i], &logits[i]);
     dsp::checkpoint::write_safetensors(file, tensors, {{"format", "pt"}});
-    std::printf("wrote the logits of %zu prompt(s) at TP%d to %s\n", prompts.size(), tp, file.c_str());
+    std::printf("wrote the logits of %zu prompt(s) at TP%d EP%d (serving engine) to %s\n", prompts.size(), tp, ep,
+                file.c_str());
   });
 }
 

@@ -11,8 +11,8 @@
 //  - TP2 and TP4 (ThreadComm) give TP1's output, input gradient and every gathered weight
 //    gradient within 1e-5 relative (the all-reduce sums in another order); selective
 //    recomputation (probabilities recomputed in backward) gives the same gradients;
-//  - the absorbed decode form (latent(), attend_latents()) over a latent cache equals the
-//    un-absorbed forward of the whole sequence for a prefill and several decode steps of a
+//  - the absorbed serving form over a paged latent cache (a ForwardContext with `paged`) equals
+//    the un-absorbed forward of the whole sequence for a prefill and several decode steps of a
 //    ragged batch, at TP1 and TP2, within 1e-5 relative (fp32, the products associate
 //    differently: q_nope (W_UK c) vs (q_nope W_UK) c);
 //  - the cache costs (kv_lora_rank + qk_rope_head_dim) x dtype bytes per token per layer:
@@ -210,7 +210,7 @@ TEST_CASE("MLA at TP2 and TP4 equals TP1; selective recomputation gives the same
   }
 }
 
-TEST_CASE("MLA absorbed decode over the latent cache equals the un-absorbed forward (prefill + decode steps)") {
+TEST_CASE("MLA absorbed form over the paged latent cache equals the un-absorbed forward (prefill + decode steps)") {
   for (std::int64_t q_lora : {6, 0}) {
     for (int tp : {1, 2}) {
       CAPTURE(q_lora);
@@ -221,38 +221,34 @@ TEST_CASE("MLA absorbed decode over the latent cache equals the un-absorbed forw
         MLA attn(mesh.tensor_group(), c, model::MlaAttentionSpec::describe(c, 0), 0, 5);
         const std::int64_t lw = attn.latent_values_per_token();
         CHECK(lw == c.kv_lora_rank + c.qk_rope_head_dim);
-        // two sequences: prompts of 5 and 3 tokens, then 4 decode steps each; a contiguous cache
-        // per sequence, row j = position j (stride lw + 2: a gathered cache may be padded)
-        const std::int64_t ld = lw + 2, steps = 4;
+        // two sequences: prompts of 5 and 3 tokens, then 4 decode steps each; blocks of 2 tokens,
+        // sequence 0 in blocks 4, 1, 6, 3, 8; sequence 1 in 0, 7, 2, 5 (out of order on purpose)
+        const std::int64_t steps = 4, block = 2;
         const std::vector<std::int64_t> prompt = {5, 3};
-        std::vector<Tensor> inputs, caches;
-        for (std::size_t s = 0; s < prompt.size(); ++s) {
+        const std::vector<std::int32_t> tables = {4, 1, 6, 3, 8, 0, 7, 2, 5, 9};  // [2, 5]
+        std::vector<float> pool(static_cast<std::size_t>(10 * block * lw), 0.0f);
+        std::vector<Tensor> inputs;
+        for (std::size_t s = 0; s < prompt.size(); ++s)
           inputs.push_back(random({prompt[s] + steps, c.hidden_size}, s == 0 ? "seq0" : "seq1"));
-          caches.push_back(Tensor({prompt[s] + steps, ld}));
-          caches.back().fill(0.0f);
-        }
         // the un-absorbed reference: forward over each whole sequence (causal: row p sees 0..p)
         std::vector<Tensor> reference;
         for (std::size_t s = 0; s < prompt.size(); ++s)
           reference.push_back(attn.forward(model::ForwardContext::for_training(1, prompt[s] + steps), inputs[s], nullptr));
-        // a step: write the rows' latents into their caches, then attend; rows (seq, position)
+        // a step: one ragged batch of rows (seq, position) through the paged forward
         auto step = [&](const std::vector<std::pair<std::size_t, std::int32_t>>& rows) {
           const auto n = static_cast<std::int64_t>(rows.size());
           Tensor x({n, c.hidden_size});
-          std::vector<std::int32_t> positions;
-          std::vector<const float*> seq_cache;
+          std::vector<std::int32_t> positions, slots, seq;
           for (std::int64_t i = 0; i < n; ++i) {
             const auto [s, p] = rows[static_cast<std::size_t>(i)];
             for (std::int64_t k = 0; k < c.hidden_size; ++k) x[i * c.hidden_size + k] = inputs[s][p * c.hidden_size + k];
             positions.push_back(p);
-            seq_cache.push_back(caches[s].data());
+            seq.push_back(static_cast<std::int32_t>(s));
+            slots.push_back(tables[s * 5 + static_cast<std::size_t>(p / block)] * static_cast<std::int32_t>(block) + p % block);
           }
-          const Tensor latent = attn.latent(x, positions);
-          for (std::int64_t i = 0; i < n; ++i) {
-            const auto [s, p] = rows[static_cast<std::size_t>(i)];
-            for (std::int64_t k = 0; k < lw; ++k) caches[s][p * ld + k] = latent[i * lw + k];
-          }
-          const Tensor y = attn.attend_latents(x, positions, seq_cache, ld);
+          const model::PagedKvBatch paged{{pool.data(), nullptr}, backend::KvCacheDType::Fp32, block, tables.data(), 5,
+                                          slots.data(), seq.data()};
+          const Tensor y = attn.forward(model::ForwardContext::for_serving(positions, &paged), x, nullptr);
           Tensor expected({n, c.hidden_size});
           for (std::int64_t i = 0; i < n; ++i) {
             const auto [s, p] = rows[static_cast<std::size_t>(i)];
@@ -267,9 +263,10 @@ TEST_CASE("MLA absorbed decode over the latent cache equals the un-absorbed forw
         step(prefill);
         for (std::int64_t t = 0; t < steps; ++t)
           step({{0, static_cast<std::int32_t>(prompt[0] + t)}, {1, static_cast<std::int32_t>(prompt[1] + t)}});
-        // the cache holds latents only: a cached row is kv_a_layernorm(c_kv) | RoPE(k_pe), the
-        // same on every TP rank
-        CHECK(caches[0][0] != 0.0f);
+        // the pool holds latents only, kv_lora + rope values per token: sequence 0's position 0
+        // (block 4, row 0) is written, the never-used block 9 is not
+        CHECK(pool[static_cast<std::size_t>(4 * block * lw)] != 0.0f);
+        CHECK(pool[static_cast<std::size_t>(9 * block * lw)] == 0.0f);
       });
     }
   }
@@ -305,16 +302,20 @@ TEST_CASE("MLA cache bytes per token per layer: DeepSeek-V3 in bf16 caches 70,27
   });
 }
 
-TEST_CASE("MLA refuses a config without MLA, heads that do not split and paged contexts") {
+TEST_CASE("MLA refuses a config without MLA, heads that do not split, and a paged context asked to keep activations") {
   comm::launch(1, [&](comm::ThreadComm& world) {
     CHECK_THROWS_AS(MLA(world, model::ModelConfig{}, model::MlaAttentionSpec::describe(small_config(6), 0), 0, 1), ConfigError);
     model::ModelConfig c = small_config(6);
     c.use_flash_attn = true;
     CHECK_THROWS_AS(MLA(world, c, model::MlaAttentionSpec::describe(small_config(6), 0), 0, 1), Error);
     MLA attn(world, small_config(6), model::MlaAttentionSpec::describe(small_config(6), 0), 0, 1);
-    model::PagedKvBatch paged;
+    std::vector<float> pool(64, 0.0f);
+    const std::vector<std::int32_t> table{0}, slot{0}, seq{0};
+    const model::PagedKvBatch paged{{pool.data()}, backend::KvCacheDType::Fp32, 4, table.data(), 1, slot.data(), seq.data()};
     const auto ctx = model::ForwardContext::for_serving({0}, &paged);
-    CHECK_THROWS_AS(attn.forward(ctx, Tensor({1, 16}), nullptr), Error);
+    MLA::Saved saved;
+    CHECK_THROWS_WITH_AS(attn.forward(ctx, Tensor({1, 16}), &saved), doctest::Contains("keeps nothing for backward"), Error);
+    CHECK(attn.forward(ctx, random({1, 16}, "x"), nullptr).dim(0) == 1);
   });
   comm::launch(3, [&](comm::ThreadComm& world) {
     CHECK_THROWS_AS(MLA(world, small_config(6), model::MlaAttentionSpec::describe(small_config(6), 0), 0, 1), ConfigError);

@@ -8,8 +8,8 @@
 #    with the same logits again (the round trip HF -> dsp -> HF);
 #  - dsp-generate generates from the HF folder directly; dsp-train starts from it (at TP1 and
 #    TP2 x PP2, the same losses) and its checkpoint merges;
-#  - DeepSeek-V3 (MLA) imported at TP2 gives transformers' logits; serving it says the engine
-#    has no MLA cache yet;
+#  - DeepSeek-V3 (MLA) imported at TP2, served by the engine (latent cache, absorbed attention),
+#    gives transformers' logits; so does DeepSeek-V2 at TP2 x EP2; both generate;
 #  - bad input: --merge of an HF folder, a missing TP size, a
 #    bad token id, a tensor of the wrong shape (file and tensor named).
 # Usage: hf_test.sh BIN_DIR SOURCE_DIR
@@ -91,8 +91,14 @@ v3_ids=$(values "$fixtures/deepseek_v3/logits.safetensors" ids | awk '{ printf "
   2>"$work/err" || fail "dsp-generate --logits-file on DeepSeek-V3: $(cat "$work/err")"
 d=$(max_diff "$work/v3.safetensors" logits.0 "$fixtures/deepseek_v3/logits.safetensors" logits)
 within "$d" 1e-4 && ok || fail "DeepSeek-V3 logits differ from transformers' by $d"
-expect_fail "serving an MLA model" "MLA's latent cache is not wired into serve::Engine" "$work/v3_out" -- \
-  "$bin/dsp-generate" --load "$work/v3" --prompt "hi" --max-new-tokens 2
+"$bin/dsp-generate" --load "$work/v3" --prompt "hi" --prompt "ROMEO:" --max-new-tokens 4 >"$work/v3_out" 2>&1 \
+  && grep -q "KV cache" "$work/v3_out" && ok || fail "generation from DeepSeek-V3: $(cat "$work/v3_out")"
+v2_ids=$(values "$fixtures/deepseek_v2/logits.safetensors" ids | awk '{ printf "%s%d", (NR > 1 ? "," : ""), $1 }')
+"$bin/dsp-generate" --load "$fixtures/deepseek_v2" --tensor-model-parallel-size 2 --expert-parallel-size 2 \
+  --prompt-ids "$v2_ids" --logits-file "$work/v2.safetensors" >/dev/null 2>"$work/err" \
+  || fail "dsp-generate --logits-file on DeepSeek-V2 at TP2 x EP2: $(cat "$work/err")"
+d=$(max_diff "$work/v2.safetensors" logits.0 "$fixtures/deepseek_v2/logits.safetensors" logits)
+within "$d" 1e-4 && ok || fail "DeepSeek-V2 logits (TP2 x EP2) differ from transformers' by $d"
 expect_fail "merge of an HF folder" "is a Hugging Face model folder already" "$work/m2" -- \
   "$bin/dsp-reshard" --load "$llama" --save "$work/m2" --merge
 expect_fail "import without a TP size" "--tensor-model-parallel-size is required" "$work/c2" -- \

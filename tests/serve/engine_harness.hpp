@@ -33,6 +33,32 @@ inline model::ModelConfig tiny_serving_model(std::int64_t kv_heads = 2) {
   c.init_method_std = 0.2f;
   return c;
 }
+/// A DeepSeek-V3-shaped tiny model: MLA (q latent 16, KV latent 16, nope 8, rope 4, v 8; YaRN)
+/// in both layers, the second an MoE layer (4 routed experts, top-2, one shared expert,
+/// sigmoid router with V3's groups and expert bias). Its cache is kv_lora + rope = 20 values per
+/// token per layer on every TP rank.
+inline model::ModelConfig tiny_mla_serving_model() {
+  model::ModelConfig c = tiny_serving_model(4);
+  c.q_lora_rank = 16;
+  c.kv_lora_rank = 16;
+  c.qk_nope_head_dim = 8;
+  c.qk_rope_head_dim = 4;
+  c.v_head_dim = 8;
+  c.rope_scaling = {.type = "yarn", .factor = 4, .original_max_position_embeddings = 32, .beta_fast = 32,
+                    .beta_slow = 1, .mscale = 1.0, .mscale_all_dim = 1.0};
+  c.num_experts = 4;
+  c.moe_router_topk = 2;
+  c.moe_ffn_hidden_size = 16;
+  c.num_shared_experts = 1;
+  c.first_k_dense_replace = 1;
+  c.moe_router_score_function = ep::ScoreFunction::Sigmoid;
+  c.moe_router_norm_topk_prob = true;
+  c.moe_router_num_groups = 2;
+  c.moe_router_group_topk = 1;
+  c.moe_router_topk_scaling_factor = 2.5f;
+  c.moe_router_enable_expert_bias = true;
+  return c;
+}
 inline constexpr std::uint64_t kServingSeed = 7;
 
 /// "r<i>" (built by appending: GCC 12 warns of "r" + std::to_string(i), its bug 105329).

@@ -2,7 +2,9 @@
 // reference (greedy decoding by full forward passes, no cache), and the engine's promise that a
 // request's tokens and logits do not depend on the batch: 32 requests of 1-100 prompt tokens,
 // arriving over 40 steps, each served exactly as alone, with chunk sizes 1, 7 and 64, prefix
-// caching on and off, and a KV budget small enough to force preemptions.
+// caching on and off, and a KV budget small enough to force preemptions. The same for an MLA +
+// MoE model (DeepSeek-V3's shape), whose engine caches MLA's latent and attends in the absorbed
+// form, against full forward passes in the un-absorbed form.
 //
 // Tolerance. Against the full forward (materialising attention over the whole sequence, the
 // library GEMM) the engine's logits differ in fp32 summation order only: 1e-5 absolute on
@@ -14,6 +16,8 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "dsp/serve/consistency.hpp"
@@ -62,13 +66,36 @@ std::vector<Arrival> mixed_requests() {
 }
 
 // Every request of `arrivals` served alone (a fresh engine each, default limits).
-std::map<std::string, test::Served> alone(const std::vector<Arrival>& arrivals) {
+std::map<std::string, test::Served> alone(const std::vector<Arrival>& arrivals,
+                                          const model::ModelConfig& model = test::tiny_serving_model()) {
   std::map<std::string, test::Served> out;
   for (Arrival a : arrivals) {
     a.step = 0;
-    out[a.id] = serve_requests(1, {}, {a}).requests.at(a.id);
+    out[a.id] = serve_requests(1, {}, {a}, model).requests.at(a.id);
   }
   return out;
+}
+
+// Greedy by argmax of full forward passes (no cache) of the model of `config` at TP `tp`: the
+// `steps` tokens after `prompt`, and the prompt's logits [tokens, vocab].
+std::pair<std::vector<std::int32_t>, Tensor> full_forward_greedy(int tp, const model::ModelConfig& config,
+                                                                 const std::vector<std::int32_t>& prompt, int steps) {
+  std::pair<std::vector<std::int32_t>, Tensor> result;
+  comm::launch(tp, [&](comm::ThreadComm& world) {
+    DeviceMesh mesh(world, ParallelLayout{.tensor = tp});
+    model::CausalLM<test::ServeP> model(config, mesh, test::kServingSeed);
+    std::vector<std::int32_t> seq = prompt, out;
+    Tensor prompt_full = serve::full_logits(model, prompt);
+    const auto vocab = static_cast<std::size_t>(config.vocab_size);
+    for (int t = 0; t < steps; ++t) {
+      const Tensor logits = serve::full_logits(model, seq);
+      const auto row = logits.span().subspan(static_cast<std::size_t>(logits.dim(0) - 1) * vocab, vocab);
+      out.push_back(static_cast<std::int32_t>(std::max_element(row.begin(), row.end()) - row.begin()));
+      seq.push_back(out.back());
+    }
+    if (world.rank() == 0) result = {out, prompt_full};
+  });
+  return result;
 }
 
 void check_same(const test::Served& got, const test::Served& want) {
@@ -98,26 +125,9 @@ TEST_CASE("engine: one greedy request decodes as full forward passes do, and its
       REQUIRE(s.tokens.size() == 10);
       CHECK(s.finish == serve::FinishReason::Length);
       // The reference: the same model, greedy by argmax of full forward passes.
-      std::vector<std::int32_t> reference;
-      std::vector<Tensor> full;
-      comm::launch(tp, [&](comm::ThreadComm& world) {
-        DeviceMesh mesh(world, ParallelLayout{.tensor = tp});
-        model::CausalLM<test::ServeP> model(test::tiny_serving_model(), mesh, test::kServingSeed);
-        std::vector<std::int32_t> seq = prompt, out;
-        Tensor prompt_full = serve::full_logits(model, prompt);
-        for (int t = 0; t < 10; ++t) {
-          const Tensor logits = serve::full_logits(model, seq);
-          const auto row = logits.span().subspan(static_cast<std::size_t>((logits.dim(0) - 1) * 127), 127);
-          out.push_back(static_cast<std::int32_t>(std::max_element(row.begin(), row.end()) - row.begin()));
-          seq.push_back(out.back());
-        }
-        if (world.rank() == 0) {
-          reference = out;
-          full = {prompt_full};
-        }
-      });
+      const auto [reference, full] = full_forward_greedy(tp, test::tiny_serving_model(), prompt, 10);
       CHECK(s.tokens == reference);
-      CHECK(serve::max_abs_logit_diff({s.prompt_logits}, full) <= kTolerance);
+      CHECK(serve::max_abs_logit_diff({s.prompt_logits}, {full}) <= kTolerance);
     }
   }
 }
@@ -167,6 +177,64 @@ TEST_CASE("engine: TP2 and TP4 serve the TP1 tokens") {
       REQUIRE(lp.size() == lr.size());
       for (std::size_t s = 0; s < lp.size(); ++s) CHECK(std::abs(lp[s].logprob - lr[s].logprob) <= kTolerance);
     }
+  }
+}
+
+}  // namespace serve_engine_test
+
+namespace serve_engine_test {
+
+// MLA (DeepSeek-V2 section 2.1.2): the engine caches the latent [c_kv | k_pe] and attends in the
+// absorbed form for prefill and decode alike; the full forward passes of the reference run the
+// un-absorbed form. Same tolerance: only the association of the products differs.
+TEST_CASE("engine: an MLA + MoE model's request decodes as full (un-absorbed) forward passes do, at TP1 and TP2") {
+  const model::ModelConfig mla = test::tiny_mla_serving_model();
+  for (int tp : {1, 2}) {
+    CAPTURE(tp);
+    for (int i : {0, 3, 11}) {  // prompts of 1, 12 and 8 tokens
+      CAPTURE(i);
+      const auto prompt = prompt_of(i);
+      serve::SamplingParams params;
+      params.max_tokens = 10;
+      params.prompt_logits = true;
+      const auto run = serve_requests(tp, {}, {{0, prompt, params, "a"}}, mla);
+      const test::Served& s = run.requests.at("a");
+      const auto [reference, full] = full_forward_greedy(tp, mla, prompt, 10);
+      CHECK(s.tokens == reference);
+      const double diff = serve::max_abs_logit_diff({s.prompt_logits}, {full});
+      CAPTURE(diff);
+      CHECK(diff <= kTolerance);
+    }
+  }
+}
+
+TEST_CASE("engine: an MLA + MoE model serves 32 mixed requests as each alone (chunked, prefix cache, preemption)") {
+  const model::ModelConfig mla = test::tiny_mla_serving_model();
+  const auto arrivals = mixed_requests();
+  const auto reference = alone(arrivals, mla);
+  // A block: 2 layers x (16 + 4) latent values x 4 bytes x 16 tokens = 2.5 KiB (GQA at 4 KV
+  // heads of 8: 8 KiB); 25 KiB (10 blocks, 160 tokens) holds one request of 128, not all 32.
+  for (const auto& [chunk, prefix, budget] : {std::tuple<std::int64_t, bool, std::int64_t>{7, false, 0},
+                                              {64, true, 0}, {7, true, 25 << 10}}) {
+    CAPTURE(chunk);
+    CAPTURE(prefix);
+    CAPTURE(budget);
+    serve::EngineConfig config;
+    config.max_num_batched_tokens = chunk;
+    config.enable_prefix_caching = prefix;
+    if (budget > 0) config.kv_cache_memory = budget;
+    std::int64_t bytes_per_block = 0;
+    const auto run = serve_requests(1, config, arrivals, mla,
+                                    [&](serve::Engine<test::ServeP>& e) { bytes_per_block = e.bytes_per_block(); });
+    CHECK(bytes_per_block == 2 * (16 + 4) * 4 * 16);
+    REQUIRE(run.requests.size() == arrivals.size());
+    for (const auto& a : arrivals) {
+      CAPTURE(a.id);
+      check_same(run.requests.at(a.id), reference.at(a.id));
+    }
+    if (budget > 0) CHECK(run.stats.preemptions > 0);
+    if (prefix) CHECK(run.stats.prefix_cache_hits > 0);
+    CHECK(run.stats.used_blocks == 0);
   }
 }
 

@@ -14,24 +14,32 @@
 
 namespace dsp::backend {
 
-/// y [tokens, out] = x [tokens, in] * w[out, in]^T. Overwrites y. In a BatchInvariantScope
-/// each row of y depends on its row of x alone, bitwise (fp32 only: throws Error inside a
-/// 16-bit MatmulPrecisionScope, which serving does not open, and with a backend that has no
+/// y [tokens, out] = x [tokens, in] * w [out, in]^T with row strides ldx, ldw, ldy (a slice of
+/// wider matrices: one head's columns). Overwrites y. In a BatchInvariantScope each row of y
+/// depends on its row of x alone, bitwise (fp32 only: throws Error inside a 16-bit
+/// MatmulPrecisionScope, which serving does not open, and with a backend that has no
 /// gemm_nt_batch_invariant).
 template <class Backend>
-void linear_forward(Backend h, const float* x, const float* w, float* y, std::int64_t tokens, std::int64_t in,
-                    std::int64_t out) {
+void linear_forward_strided(Backend h, const float* x, std::int64_t ldx, const float* w, std::int64_t ldw, float* y,
+                            std::int64_t ldy, std::int64_t tokens, std::int64_t in, std::int64_t out) {
   if (batch_invariant()) {
     DSP_CHECK(matmul_precision() == MatmulPrecision::Fp32,
               "linear_forward: the batch-invariant GEMM multiplies in fp32 only (a 16-bit matmul scope is open)");
-    if constexpr (requires { gemm_nt_batch_invariant(h, tokens, out, in, x, in, w, in, y, out); }) {
-      gemm_nt_batch_invariant(h, tokens, out, in, x, in, w, in, y, out);
+    if constexpr (requires { gemm_nt_batch_invariant(h, tokens, out, in, x, ldx, w, ldw, y, ldy); }) {
+      gemm_nt_batch_invariant(h, tokens, out, in, x, ldx, w, ldw, y, ldy);
       return;
     } else {
       throw Error("linear_forward: this backend has no batch-invariant GEMM (gemm_nt_batch_invariant)");
     }
   }
-  matmul(h, false, true, tokens, out, in, 1.0f, x, in, w, in, 0.0f, y, out);
+  matmul(h, false, true, tokens, out, in, 1.0f, x, ldx, w, ldw, 0.0f, y, ldy);
+}
+
+/// y [tokens, out] = x [tokens, in] * w [out, in]^T, contiguous (linear_forward_strided).
+template <class Backend>
+void linear_forward(Backend h, const float* x, const float* w, float* y, std::int64_t tokens, std::int64_t in,
+                    std::int64_t out) {
+  linear_forward_strided(h, x, in, w, in, y, out, tokens, in, out);
 }
 
 /// dx [tokens, in] = dy [tokens, out] * w [out, in]. Overwrites dx.

@@ -19,10 +19,10 @@
 // weights get the full gradient on every rank.
 //
 // Serving, the absorbed form (DeepSeek-V2 section 2.1.2, "W^UK absorbed into W^Q, W^UV into
-// W^O"): a token's cache entry is its normalised c_kv and rotated k_pe, kv_lora + rope values
-// per layer on every TP rank (latent()); a query attends over them as one shared key/value head
-// (attend_latents()): q_abs = [q_nope W_UK | q_pe] against [c_kv | k_pe], the output latent
-// sum_j p_j c_kv_j mapped by W_UV, then o_proj.
+// W^O"), for prefill chunks and decode tokens alike: a token's entry in the paged cache is its
+// normalised c_kv and rotated k_pe, kv_lora + rope values per layer on every TP rank; a query
+// attends over them as one shared key/value head: q_abs = [q_nope W_UK | q_pe] against
+// [c_kv | k_pe], the output latent sum_j p_j c_kv_j mapped by W_UV, then o_proj.
 #include <cmath>
 #include <cstdint>
 #include <optional>
@@ -34,6 +34,7 @@
 #include "dsp/backend/attention.hpp"
 #include "dsp/backend/host/copy_columns.hpp"
 #include "dsp/backend/host/elementwise.hpp"
+#include "dsp/backend/host/paged_attention.hpp"
 #include "dsp/backend/host/rope_interleaved.hpp"
 #include "dsp/backend/linear.hpp"
 #include "dsp/precision/activation_precision.hpp"
@@ -114,10 +115,14 @@ class MLAttention {
   /// [tokens, hidden] (the same on every TP rank). Causal over positions 0..seq-1 of each row
   /// (ctx.positions give RoPE's angles and the mask). saved (may be null) keeps what backward
   /// needs, each rounded to ctx.activations; under selective recomputation not the probabilities.
-  /// Throws Error for a paged (serving) context, which goes through latent() and
-  /// attend_latents(), and for packed-document masks (not yet supported for MLA).
+  /// With ctx.paged (serving) the absorbed form over the latent cache instead (forward_paged;
+  /// saved must be null). Throws Error for packed-document masks (not yet supported for MLA).
   Tensor forward(const ForwardContext& ctx, const Tensor& x, Saved* saved) {
-    DSP_CHECK(!ctx.paged, "MLA: a paged serving batch goes through latent() and attend_latents()");
+    if (ctx.paged) {
+      DSP_CHECK(!saved, "MLA: a paged serving batch keeps nothing for backward");
+      if constexpr (std::is_same_v<Backend, backend::Host>) return forward_paged(ctx, x);
+      else throw Error("MLA: no paged latent attention op on this backend");
+    }
     DSP_CHECK(!ctx.masks_documents(), "MLA: packed-document masks (key_begin, mask_positions) are not supported yet");
     const std::int64_t n = ctx.tokens(), qk = nope_ + rope_;
     DSP_CHECK(static_cast<std::int64_t>(ctx.positions.size()) == n && x.dim(0) == n, "MLA: ", x.dim(0),
@@ -212,58 +217,11 @@ class MLAttention {
     return p;
   }
 
-  // --- serving: the absorbed form over a latent cache ---
+  // --- serving: the absorbed form over the paged latent cache ---
 
   /// Values per token of this layer's latent cache on this rank: kv_lora_rank + qk_rope_head_dim
   /// (not divided by TP: every rank caches the whole latent, as vLLM does).
   std::int64_t latent_values_per_token() const { return kv_lora_ + rope_; }
-
-  /// The cache entries of x's tokens ("write-latent"): x [tokens, hidden] at positions [tokens]
-  /// -> [tokens, kv_lora + rope] = [kv_a_layernorm(c_kv) | RoPE(k_pe) at the token's position],
-  /// the same on every TP rank. Throws Error when the sizes disagree.
-  Tensor latent(const Tensor& x, std::span<const std::int32_t> positions) const {
-    DSP_CHECK(static_cast<std::int64_t>(positions.size()) == x.dim(0), "MLA latent: ", x.dim(0), " rows and ",
-              positions.size(), " positions");
-    return project_latent(x, positions.data(), nullptr);
-  }
-
-  /// Attention of x's tokens over cached latents, absorbed ("attend over latents"): token t at
-  /// positions[t] reads the rows 0..positions[t] of its sequence's cache, row j the latent() of
-  /// position j, at caches[t] (a contiguous [>= positions[t] + 1, ld] fp32 array, the
-  /// sequence's blocks gathered in position order; tokens of one sequence share it, and their
-  /// own entries must be written first). x [tokens, hidden] -> [tokens, hidden] (all-reduced
-  /// over TP), equal to forward() of the whole sequence at those rows. ld >= kv_lora + rope.
-  /// Throws Error when the sizes disagree.
-  Tensor attend_latents(const Tensor& x, std::span<const std::int32_t> positions, std::span<const float* const> caches,
-                        std::int64_t ld) const {
-    const std::int64_t n = x.dim(0), qk = nope_ + rope_, lw = kv_lora_ + rope_;
-    DSP_CHECK(static_cast<std::int64_t>(positions.size()) == n && static_cast<std::int64_t>(caches.size()) == n,
-              "MLA attend_latents: ", n, " rows, ", positions.size(), " positions, ", caches.size(), " caches");
-    DSP_CHECK(ld >= lw, "MLA attend_latents: cache row stride ", ld, " < kv_lora_rank + qk_rope_head_dim = ", lw);
-    const Tensor q = query(x, positions.data(), nullptr);
-    const float* w_kv = kv_b_.weight().value.data();  // [heads/tp * (nope + v), kv_lora]: W_UK_h | W_UV_h per head
-    Tensor q_abs({n, heads_ * lw});                      // [q_nope W_UK | q_pe] per head
-    for (std::int64_t h = 0; h < heads_; ++h) {
-      matmul(Backend{}, false, false, n, kv_lora_, nope_, 1.0f, q.data() + h * qk, heads_ * qk,
-             w_kv + h * (nope_ + v_dim_) * kv_lora_, kv_lora_, 0.0f, q_abs.data() + h * lw, heads_ * lw);
-      copy_columns(Backend{}, q.data(), heads_ * qk, h * qk + nope_, q_abs.data(), heads_ * lw, h * lw + kv_lora_, n,
-                   rope_);
-    }
-    Tensor out_latent({n, heads_ * kv_lora_});  // sum_j p_j c_kv_j per head
-    for (std::int64_t t = 0; t < n; ++t) {
-      DSP_CHECK(caches[t] != nullptr && positions[t] >= 0, "MLA attend_latents: token ", t, " has no cache");
-      const backend::AttentionDims d{.batch = 1, .q_len = 1, .kv_len = positions[t] + 1, .q_heads = heads_,
-                                     .kv_heads = 1, .qk_dim = lw, .v_dim = kv_lora_, .scale = scale_, .ldk = ld, .ldv = ld};
-      scaled_attention_forward(Backend{}, q_abs.data() + t * heads_ * lw, caches[t], caches[t], &positions[t], d,
-                               out_latent.data() + t * heads_ * kv_lora_, nullptr);
-    }
-    Tensor context({n, heads_ * v_dim_});  // out_latent_h W_UV_h^T
-    for (std::int64_t h = 0; h < heads_; ++h)
-      matmul(Backend{}, false, true, n, v_dim_, kv_lora_, 1.0f, out_latent.data() + h * kv_lora_, heads_ * kv_lora_,
-             w_kv + (h * (nope_ + v_dim_) + nope_) * kv_lora_, kv_lora_, 0.0f, context.data() + h * v_dim_,
-             heads_ * v_dim_);
-    return o_.forward(context);
-  }
 
   std::int64_t layer() const { return layer_; }
   std::int64_t heads_local() const { return heads_; }
@@ -288,6 +246,45 @@ class MLAttention {
   /// The rope slices of q [tokens, heads/tp, nope + rope].
   backend::RotarySlices rope_slices(Tensor& q, std::int64_t n) const {
     return {q.data() + nope_, n, heads_, rope_, heads_ * (nope_ + rope_), nope_ + rope_};
+  }
+
+  /// Serving, absorbed (DeepSeek-V2 section 2.1.2): writes each token's latent
+  /// [kv_a_layernorm(c_kv) | RoPE(k_pe)] into its slot of this layer's pool in ctx.paged, then
+  /// every query head attends its sequence's latents 0..position as one shared key/value head
+  /// (backend paged_latent_attention_forward) with q_abs = [q_nope W_UK | q_pe]; the output
+  /// latent goes through W_UV and o_proj. x [tokens, hidden] -> [tokens, hidden], equal to
+  /// forward() over each whole sequence within fp32 rounding (the products associate
+  /// differently: q_nope (W_UK c) vs (q_nope W_UK) c). Every GEMM goes through
+  /// linear_forward_strided, so a token's output is batch-invariant in a BatchInvariantScope.
+  Tensor forward_paged(const ForwardContext& ctx, const Tensor& x) const {
+    const std::int64_t n = x.dim(0), qk = nope_ + rope_, lw = kv_lora_ + rope_, kvw = nope_ + v_dim_;
+    DSP_CHECK(static_cast<std::int64_t>(ctx.positions.size()) == n, "MLA: ", n, " input rows and ",
+              ctx.positions.size(), " positions");
+    const SpaceArray<std::int32_t> positions(ctx.positions);
+    const backend::PagedKvLayer kv = ctx.paged->layer(layer_);
+    const Tensor latent = project_latent(x, positions.data(), nullptr);
+    paged_rows_write(Backend{}, kv, latent.data(), n, lw, lw, 0);
+    const Tensor q = query(x, positions.data(), nullptr);
+    const float* w_kv = kv_b_.weight().value.data();  // [heads/tp * (nope + v), kv_lora]: W_UK_h | W_UV_h per head
+    Tensor w_uk_t({kv_lora_, nope_});                  // one head's W_UK^T, the [out, in] linear_forward takes
+    Tensor q_abs({n, heads_ * lw});                    // [q_nope W_UK | q_pe] per head
+    for (std::int64_t h = 0; h < heads_; ++h) {
+      for (std::int64_t i = 0; i < nope_; ++i)
+        for (std::int64_t r = 0; r < kv_lora_; ++r) w_uk_t[r * nope_ + i] = w_kv[(h * kvw + i) * kv_lora_ + r];
+      linear_forward_strided(Backend{}, q.data() + h * qk, heads_ * qk, w_uk_t.data(), nope_, q_abs.data() + h * lw,
+                             heads_ * lw, n, nope_, kv_lora_);
+      copy_columns(Backend{}, q.data(), heads_ * qk, h * qk + nope_, q_abs.data(), heads_ * lw, h * lw + kv_lora_, n,
+                   rope_);
+    }
+    Tensor out_latent({n, heads_ * kv_lora_});  // sum_j p_j c_kv_j per head
+    paged_latent_attention_forward(Backend{}, kv, q_abs.data(), positions.data(), n, heads_, lw, kv_lora_, scale_,
+                                   out_latent.data());
+    Tensor context({n, heads_ * v_dim_});  // out_latent_h W_UV_h^T
+    for (std::int64_t h = 0; h < heads_; ++h)
+      linear_forward_strided(Backend{}, out_latent.data() + h * kv_lora_, heads_ * kv_lora_,
+                             w_kv + (h * kvw + nope_) * kv_lora_, kv_lora_, context.data() + h * v_dim_,
+                             heads_ * v_dim_, n, kv_lora_, v_dim_);
+    return o_.forward(context);
   }
 
   /// x -> the rotated query [tokens, heads/tp * (nope + rope)]; keeps q_latent and q_norm in s.

@@ -2,7 +2,9 @@
 // Attention over a paged KV cache on the host (backend/paged_kv.hpp has the layout): a ragged
 // batch of tokens, each of its own sequence and position (prefill chunks and decode tokens of
 // different sequences in one call, no padding), each query reading its sequence's keys
-// 0..position through the block table.
+// 0..position through the block table. Two row layouts: GQA's keys and values
+// (paged_attention_forward), and MLA's latent, one head shared by every query head whose key is
+// the whole row and whose value its first kv_lora_rank values (paged_latent_attention_forward).
 //
 // Batch invariance: a query's output is computed by the same operations whatever else is in
 // the call and however its sequence's prompt was chunked: scores q . k_j in 8 fixed lanes over
@@ -67,33 +69,41 @@ const T* kv_row(const T* pool, const std::int32_t* table, std::int64_t block_siz
   return pool + (static_cast<std::int64_t>(table[j / block_size]) * block_size + j % block_size) * row;
 }
 
+// Where query head h finds its key and value in a pool row of `row` values: the key of kv
+// head g = h / (q_heads / kv_heads) at g * key_dim, its value at value_base + g * value_dim.
+// GQA: row [2, kv_heads, head_dim] (value_base = kv_heads * head_dim); MLA's latent: one
+// shared head whose key is the whole row and whose value its first value_dim values.
+struct PagedRowLayout {
+  std::int64_t row, kv_heads, key_dim, value_dim, value_base;
+  float scale;
+};
+
 template <class T>
-void paged_attention_token(const PagedKvLayer& kv, const float* q, std::int32_t position, std::int64_t t,
-                           std::int64_t q_heads, std::int64_t kv_heads, std::int64_t head_dim, float* out,
-                           std::vector<float>& scores, std::vector<float>& key, std::vector<float>& acc) {
+void paged_attention_token(const PagedKvLayer& kv, const PagedRowLayout& l, const float* q, std::int32_t position,
+                           std::int64_t t, std::int64_t q_heads, float* out, std::vector<float>& scores,
+                           std::vector<float>& key, std::vector<float>& acc) {
   const T* pool = static_cast<const T*>(kv.pool);
-  const std::int64_t row = 2 * kv_heads * head_dim, group = q_heads / kv_heads, keys = position + 1;
+  const std::int64_t group = q_heads / l.kv_heads, keys = position + 1;
   const std::int32_t* table = kv.block_tables + static_cast<std::int64_t>(kv.token_seq[t]) * kv.max_blocks;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   scores.resize(static_cast<std::size_t>(keys));
-  key.resize(static_cast<std::size_t>(head_dim));
-  acc.resize(static_cast<std::size_t>(head_dim));
-  // Row j's head g (keys) or kv_heads + g (values) as fp32: the pool itself when it holds fp32.
-  const auto widened = [&](std::int64_t j, std::int64_t head) -> const float* {
-    const T* src = kv_row(pool, table, kv.block_size, row, j) + head * head_dim;
+  key.resize(static_cast<std::size_t>(std::max(l.key_dim, l.value_dim)));
+  acc.resize(static_cast<std::size_t>(l.value_dim));
+  // `width` values of row j from `offset` as fp32: the pool itself when it holds fp32.
+  const auto widened = [&](std::int64_t j, std::int64_t offset, std::int64_t width) -> const float* {
+    const T* src = kv_row(pool, table, kv.block_size, l.row, j) + offset;
     if constexpr (std::is_same_v<T, float>) {
       return src;
     } else {
-      kv_widen_row(src, key.data(), head_dim);
+      kv_widen_row(src, key.data(), width);
       return key.data();
     }
   };
   for (std::int64_t h = 0; h < q_heads; ++h) {
     const std::int64_t g = h / group;
-    const float* qh = q + (t * q_heads + h) * head_dim;
+    const float* qh = q + (t * q_heads + h) * l.key_dim;
     float top = -INFINITY;
     for (std::int64_t j = 0; j < keys; ++j) {
-      scores[static_cast<std::size_t>(j)] = paged_dot(qh, widened(j, g), head_dim) * scale;
+      scores[static_cast<std::size_t>(j)] = paged_dot(qh, widened(j, g * l.key_dim, l.key_dim), l.key_dim) * l.scale;
       top = std::max(top, scores[static_cast<std::size_t>(j)]);
     }
     std::fill(acc.begin(), acc.end(), 0.0f);
@@ -101,31 +111,57 @@ void paged_attention_token(const PagedKvLayer& kv, const float* q, std::int32_t 
     for (std::int64_t j = 0; j < keys; ++j) {
       const float e = std::exp(scores[static_cast<std::size_t>(j)] - top);
       sum += e;
-      kv_accumulate_row(e, widened(j, kv_heads + g), acc.data(), head_dim);
+      kv_accumulate_row(e, widened(j, l.value_base + g * l.value_dim, l.value_dim), acc.data(), l.value_dim);
     }
-    float* oh = out + (t * q_heads + h) * head_dim;
-    for (std::int64_t i = 0; i < head_dim; ++i) oh[i] = acc[static_cast<std::size_t>(i)] / sum;
+    float* oh = out + (t * q_heads + h) * l.value_dim;
+    for (std::int64_t i = 0; i < l.value_dim; ++i) oh[i] = acc[static_cast<std::size_t>(i)] / sum;
   }
+}
+
+// Every token of a ragged batch through paged_attention_token, over enough tasks to be worth it.
+inline void paged_attention_batch(Host h, const PagedKvLayer& kv, const PagedRowLayout& l, const float* q,
+                                  const std::int32_t* positions, std::int64_t tokens, std::int64_t q_heads,
+                                  float* out) {
+  DSP_CHECK(l.kv_heads > 0 && q_heads % l.kv_heads == 0, "paged attention: q_heads=", q_heads,
+            " is not a multiple of kv_heads=", l.kv_heads);
+  for (std::int64_t t = 0; t < tokens; ++t)
+    DSP_CHECK(positions[t] >= 0, "paged attention: token ", t, " at negative position ", positions[t]);
+  std::int64_t work = 0;  // multiply-adds, to decide whether helpers are worth waking
+  for (std::int64_t t = 0; t < tokens; ++t) work += (positions[t] + 1) * q_heads * (l.key_dim + l.value_dim);
+  const std::int64_t tasks = work < (1 << 19) ? 1 : std::min<std::int64_t>(tokens, 4 * host_threads(h));
+  with_kv_cache_type(kv.dtype, [&]<class T>(T) {
+    parallel_for(h, tasks, [&](std::int64_t task) {
+      std::vector<float> scores, key, acc;
+      for (std::int64_t t = task; t < tokens; t += tasks)
+        paged_attention_token<T>(kv, l, q, positions[t], t, q_heads, out, scores, key, acc);
+    });
+  });
 }
 
 }  // namespace detail
 
+/// Writes `width` values of each token of a ragged batch, src [tokens, width], into its pool
+/// row kv.slots[t] (rows of `row` values) from value `offset` on, rounded to the pool's dtype
+/// (to nearest even). Token rows of one call must be distinct.
+inline void paged_rows_write(Host, const PagedKvLayer& kv, const float* src, std::int64_t tokens, std::int64_t width,
+                             std::int64_t row, std::int64_t offset) {
+  with_kv_cache_type(kv.dtype, [&]<class T>(T) {
+    T* pool = static_cast<T*>(kv.pool);
+    for (std::int64_t t = 0; t < tokens; ++t) {
+      T* dst = pool + static_cast<std::int64_t>(kv.slots[t]) * row + offset;
+      for (std::int64_t i = 0; i < width; ++i) dst[i] = detail::kv_narrow<T>(src[t * width + i]);
+    }
+  });
+}
+
 /// Writes the keys and values of a ragged batch, k and v [tokens, kv_heads, head_dim], into
 /// their pool rows kv.slots[t] (rounded to the pool's dtype, to nearest even). Token rows of
 /// one call must be distinct.
-inline void paged_kv_write(Host, const PagedKvLayer& kv, const float* k, const float* v, std::int64_t tokens,
+inline void paged_kv_write(Host h, const PagedKvLayer& kv, const float* k, const float* v, std::int64_t tokens,
                            std::int64_t kv_heads, std::int64_t head_dim) {
-  with_kv_cache_type(kv.dtype, [&]<class T>(T) {
-    T* pool = static_cast<T*>(kv.pool);
-    const std::int64_t width = kv_heads * head_dim;
-    for (std::int64_t t = 0; t < tokens; ++t) {
-      T* row = pool + static_cast<std::int64_t>(kv.slots[t]) * 2 * width;
-      for (std::int64_t i = 0; i < width; ++i) {
-        row[i] = detail::kv_narrow<T>(k[t * width + i]);
-        row[width + i] = detail::kv_narrow<T>(v[t * width + i]);
-      }
-    }
-  });
+  const std::int64_t width = kv_heads * head_dim;
+  paged_rows_write(h, kv, k, tokens, width, 2 * width, 0);
+  paged_rows_write(h, kv, v, tokens, width, 2 * width, width);
 }
 
 /// out [tokens, q_heads, head_dim] = causal attention of each query q [tokens, q_heads,
@@ -137,20 +173,22 @@ inline void paged_kv_write(Host, const PagedKvLayer& kv, const float* k, const f
 inline void paged_attention_forward(Host h, const PagedKvLayer& kv, const float* q, const std::int32_t* positions,
                                     std::int64_t tokens, std::int64_t q_heads, std::int64_t kv_heads,
                                     std::int64_t head_dim, float* out) {
-  DSP_CHECK(kv_heads > 0 && q_heads % kv_heads == 0, "paged attention: q_heads=", q_heads,
-            " is not a multiple of kv_heads=", kv_heads);
-  for (std::int64_t t = 0; t < tokens; ++t)
-    DSP_CHECK(positions[t] >= 0, "paged attention: token ", t, " at negative position ", positions[t]);
-  std::int64_t work = 0;  // multiply-adds, to decide whether helpers are worth waking
-  for (std::int64_t t = 0; t < tokens; ++t) work += (positions[t] + 1) * q_heads * head_dim;
-  const std::int64_t tasks = work < (1 << 18) ? 1 : std::min<std::int64_t>(tokens, 4 * host_threads(h));
-  with_kv_cache_type(kv.dtype, [&]<class T>(T) {
-    parallel_for(h, tasks, [&](std::int64_t task) {
-      std::vector<float> scores, key, acc;
-      for (std::int64_t t = task; t < tokens; t += tasks)
-        detail::paged_attention_token<T>(kv, q, positions[t], t, q_heads, kv_heads, head_dim, out, scores, key, acc);
-    });
-  });
+  const detail::PagedRowLayout l{2 * kv_heads * head_dim, kv_heads, head_dim, head_dim, kv_heads * head_dim,
+                                 1.0f / std::sqrt(static_cast<float>(head_dim))};
+  detail::paged_attention_batch(h, kv, l, q, positions, tokens, q_heads, out);
+}
+
+/// Multi-query attention over a latent cache (MLA's absorbed form, model/mla_attention.hpp):
+/// the pool's rows are [width] latents (written by paged_rows_write); query head h of token t,
+/// q [tokens, q_heads, width], scores row j by q . row_j x scale and reads the first value_dim
+/// values of row j as its value: out [tokens, q_heads, value_dim]. Causal and batch-invariant
+/// as paged_attention_forward. Throws Error for value_dim > width or a negative position.
+inline void paged_latent_attention_forward(Host h, const PagedKvLayer& kv, const float* q,
+                                           const std::int32_t* positions, std::int64_t tokens, std::int64_t q_heads,
+                                           std::int64_t width, std::int64_t value_dim, float scale, float* out) {
+  DSP_CHECK(value_dim > 0 && value_dim <= width, "paged latent attention: value_dim ", value_dim,
+            " outside (0, width ", width, "]");
+  detail::paged_attention_batch(h, kv, {width, 1, width, value_dim, 0, scale}, q, positions, tokens, q_heads, out);
 }
 
 }  // namespace dsp::backend
