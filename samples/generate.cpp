@@ -172,10 +172,13 @@ int main(int argc, char** argv) {
       const bool driver = world.rank() == 0;
       if (driver) driver_process = true;
       if (driver)
-        std::fprintf(stderr, "dsp-generate: KV cache: %lld blocks of %lld tokens per rank (%lld bytes, %s), max model len %lld\n",
+        std::fprintf(stderr,
+                     "dsp-generate: KV cache: %lld blocks of %lld tokens per rank (%lld bytes, %s, %lld bytes per token), "
+                     "max model len %lld\n",
                      static_cast<long long>(engine.block_manager().num_blocks()), static_cast<long long>(config.block_size),
                      static_cast<long long>(engine.kv_cache_bytes()),
                      std::string(dsp::backend::kv_cache_dtype_name(config.kv_cache_dtype)).c_str(),
+                     static_cast<long long>(engine.bytes_per_block() / config.block_size),
                      static_cast<long long>(engine.config().max_model_len));
       const auto start = std::chrono::steady_clock::now();
       const auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };

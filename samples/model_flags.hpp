@@ -2,7 +2,8 @@
 // The model flags dsp-train and dsp-plan share (Megatron spelling), and the rules that turn
 // them into a ModelConfig: --num-query-groups defaults to the heads, --moe-ffn-hidden-size to
 // --ffn-hidden-size, --moe-shared-expert-intermediate-size counts shared experts, embeddings
-// are tied unless --untie-embeddings-and-output-weights, MoE flags need --num-experts.
+// are tied unless --untie-embeddings-and-output-weights, MoE flags need --num-experts, MLA's
+// widths need --multi-latent-attention (whose unset widths take Megatron's defaults).
 #include <functional>
 #include <string>
 #include <utility>
@@ -34,6 +35,14 @@ class ModelFlags {
     flag(app, "--use-flash-attn", &C::use_flash_attn,
          "memory-efficient attention: keep each query's log-sum-exp for backward, not the [s, s] probabilities");
     app.add_flag("--untie-embeddings-and-output-weights", untie_, "separate output layer (default: tied)");
+    app.add_flag("--multi-latent-attention", multi_latent_,
+                 "Multi-head Latent Attention (DeepSeek-V2/V3) instead of GQA; its serving cache is the KV latent");
+    option(app, "--q-lora-rank", &C::q_lora_rank, "MLA: query latent width (default: none, a full q_proj)");
+    option(app, "--kv-lora-rank", &C::kv_lora_rank, "MLA: the cached key/value latent width (default 32)");
+    option(app, "--qk-head-dim", &C::qk_nope_head_dim, "MLA: per-head query/key width without RoPE (default 128)");
+    option(app, "--qk-pos-emb-head-dim", &C::qk_rope_head_dim,
+           "MLA: the decoupled RoPE width, one key shared by all heads (default 64)");
+    option(app, "--v-head-dim", &C::v_head_dim, "MLA: per-head value width (default 128)");
     option(app, "--num-experts", &C::num_experts, "routed experts per MoE layer (0: dense model)");
     option(app, "--moe-router-topk", &C::moe_router_topk, "experts per token");
     option(app, "--moe-ffn-hidden-size", &C::moe_ffn_hidden_size,
@@ -69,6 +78,7 @@ class ModelFlags {
         if (app.count(name) > 0) copy(m, model_);
     if (!base || app.count("--untie-embeddings-and-output-weights") > 0) m.tie_word_embeddings = !untie_;
     if (!base && app.count("--num-query-groups") == 0) m.num_query_groups = m.num_attention_heads;
+    apply_mla(app, base, m);
     if (app.count("--moe-router-score-function") > 0)
       m.moe_router_score_function =
           score_function_ == "sigmoid" ? dsp::ep::ScoreFunction::Sigmoid : dsp::ep::ScoreFunction::Softmax;
@@ -98,10 +108,30 @@ class ModelFlags {
     for (const auto& [name, copy] : fields_)
       if (app.count(name) > 0) return true;
     return app.count("--untie-embeddings-and-output-weights") + app.count("--moe-shared-expert-intermediate-size") +
-               app.count("--moe-router-score-function") > 0;
+               app.count("--moe-router-score-function") + app.count("--multi-latent-attention") > 0;
   }
 
  private:
+  static constexpr const char* kMlaWidths[] = {"--q-lora-rank", "--kv-lora-rank", "--qk-head-dim",
+                                               "--qk-pos-emb-head-dim", "--v-head-dim"};
+
+  // --multi-latent-attention: the widths not given (nor in the base) take Megatron-Core's
+  // defaults (kv_lora_rank 32, qk_head_dim 128, qk_pos_emb_head_dim 64, v_head_dim 128, no
+  // query latent). Without it, a width flag on a GQA model is a ConfigError naming it.
+  void apply_mla(const CLI::App& app, const dsp::model::ModelConfig* base, dsp::model::ModelConfig& m) const {
+    if (app.count("--multi-latent-attention") == 0) {
+      if (base && base->is_mla()) return;
+      for (const char* flag : kMlaWidths)
+        DSP_CHECK_AS(dsp::ConfigError, app.count(flag) == 0, flag, " needs --multi-latent-attention");
+      return;
+    }
+    for (auto [field, fallback] : {std::pair{&dsp::model::ModelConfig::kv_lora_rank, 32},
+                                   {&dsp::model::ModelConfig::qk_nope_head_dim, 128},
+                                   {&dsp::model::ModelConfig::qk_rope_head_dim, 64},
+                                   {&dsp::model::ModelConfig::v_head_dim, 128}})
+      if (m.*field == 0) m.*field = fallback;
+  }
+
   using Copy = std::function<void(dsp::model::ModelConfig&, const dsp::model::ModelConfig&)>;
 
   template <class T>
@@ -116,6 +146,7 @@ class ModelFlags {
 
   dsp::model::ModelConfig model_;
   bool untie_ = false;
+  bool multi_latent_ = false;
   std::int64_t shared_expert_intermediate_size_ = 0;
   std::string score_function_ = "softmax";
   std::vector<std::pair<std::string, Copy>> fields_;  // flag -> copies its field from the flags' model

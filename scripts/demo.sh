@@ -11,6 +11,11 @@
 # expert, the first layer dense, sigmoid router with the expert bias) trained TP2 x EP2 on 4
 # ranks, resharded to TP1 (every expert on one rank), generated from, and checked against its
 # training layout (default out/demo_moe).
+# `scripts/demo.sh mla`: the DeepSeek-V3-architecture demo: Multi-head Latent Attention (query
+# latent 64, KV latent 32, RoPE key 16) and DeepSeekMoE with V3's router (sigmoid, groups,
+# routed scaling 2.5, expert bias) trained TP2 x EP2 on 4 ranks, served through the engine with
+# MLA's latent cache at TP1 and at TP2 x EP2, checked against the training layout, and its KV
+# cache bytes per token set against the GQA MoE demo's (default out/demo_mla).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -41,6 +46,31 @@ if [ "${1:-}" = moe ]; then
   "$bin/dsp-generate" --load "$out/ckpt_tp1" --prompt "ROMEO:" --max-new-tokens 90 --temperature 0.8 --top-k 40 --seed 1
   "$bin/dsp-consistency-check" --load "$out/ckpt_tp1" --reference "$out/ckpt" --tensor-model-parallel-size 1
   echo "MoE demo finished: checkpoints and metrics in $out"
+  exit 0
+fi
+
+if [ "${1:-}" = mla ]; then
+  out=${DSP_DEMO_DIR:-out/demo_mla}
+  mkdir -p "$out"
+  echo "== 1. train a DeepSeek-V3-architecture model (MLA + DeepSeekMoE, TP2 x EP2 on 4 ranks) =="
+  "$bin/dsp-train" --config samples/configs/demo_mla.json --save "$out/ckpt" --overwrite-checkpoints --metrics-file "$out/metrics.jsonl"
+  echo "== 2. serve it through the engine (latent KV cache, absorbed attention): TP1, and TP2 x EP2 =="
+  "$bin/dsp-reshard" --load "$out/ckpt" --save "$out/ckpt_tp1" --tensor-model-parallel-size 1 --no-save-optim
+  "$bin/dsp-generate" --load "$out/ckpt_tp1" --prompt "ROMEO:" --max-new-tokens 90 --temperature 0.8 --top-k 40 --seed 1 \
+    2> >(tee "$out/generate_mla.log" >&2)
+  "$bin/dsp-generate" --load "$out/ckpt" --tensor-model-parallel-size 2 --expert-parallel-size 2 --prompt "JULIET:" \
+    --max-new-tokens 90 --temperature 0.8 --top-k 40 --top-p 0.95 --seed 7
+  echo "== 3. consistency: served layouts vs the training layout =="
+  "$bin/dsp-consistency-check" --load "$out/ckpt_tp1" --reference "$out/ckpt" --tensor-model-parallel-size 1
+  "$bin/dsp-consistency-check" --load "$out/ckpt" --tensor-model-parallel-size 2
+  echo "== 4. KV cache bytes per token at TP1, fp32: MLA's latent against the GQA MoE demo's keys and values =="
+  "$bin/dsp-train" --config samples/configs/demo_moe.json --train-iters 1 --eval-interval 0 --save "$out/gqa" \
+    --overwrite-checkpoints >/dev/null
+  "$bin/dsp-reshard" --load "$out/gqa" --save "$out/gqa_tp1" --tensor-model-parallel-size 1 --no-save-optim >/dev/null
+  "$bin/dsp-generate" --load "$out/gqa_tp1" --prompt "ROMEO:" --max-new-tokens 1 2>"$out/generate_gqa.log" >/dev/null
+  per_token() { sed -n 's/.*, \([0-9]*\) bytes per token.*/\1/p' "$1"; }
+  echo "MLA demo: $(per_token "$out/generate_mla.log") bytes per token; GQA MoE demo: $(per_token "$out/generate_gqa.log") bytes per token"
+  echo "MLA demo finished: checkpoints and metrics in $out"
   exit 0
 fi
 

@@ -25,6 +25,9 @@
 #    expert bias, aux loss): EP2, EP2 x DP2 (world 4) and TP2 x EP2 give the world-1 losses
 #    (1e-5 relative); the metrics carry per-layer routing and the run ends with its table; an
 #    EP2 checkpoint resumes at EP1 and is served at TP1 consistent with its training layout;
+#  - MLA (--multi-latent-attention and its widths, on that MoE model): TP2 x EP2 gives the
+#    world-1 losses; served at TP1 through the latent cache (layers x (kv_lora + rope) x 4 bytes
+#    per token), consistent with its training layout; a width flag without MLA is refused;
 #  - bad input: a clear message, a non-zero exit and no partial output; a checkpoint already at
 #    --train-iters says so and trains nothing.
 # Usage: cli_test.sh BIN_DIR DATA_FILE
@@ -444,6 +447,23 @@ expect_fail "an MoE flag without experts" "--moe-router-topk needs an MoE model"
   "$bin/dsp-train" "${model[@]}" --moe-router-topk 4 --metrics-file "$work/m21"
 expect_fail "shared expert size not a multiple" "--moe-shared-expert-intermediate-size (24) is not divisible by --moe-ffn-hidden-size (16)" "$work/m17" -- \
   "$bin/dsp-train" "${moe[@]}" --moe-shared-expert-intermediate-size 24 --metrics-file "$work/m17"
+
+# --- MLA (DeepSeek-V3's attention) from the command line: TP2 x EP2 gives the world-1 losses;
+# served through the engine's latent cache at TP1, consistent with its training layout -------
+mla=("${moe[@]}" --multi-latent-attention --q-lora-rank 16 --kv-lora-rank 16 --qk-head-dim 8 --qk-pos-emb-head-dim 4
+     --v-head-dim 8)
+"$bin/dsp-train" "${mla[@]}" --metrics-file "$work/mla_ref.jsonl" >/dev/null || fail "MLA world-1 run"
+"$bin/dsp-train" --world-size 4 --tensor-model-parallel-size 2 --expert-model-parallel-size 2 "${mla[@]}" \
+  --metrics-file "$work/mla_tp2ep2.jsonl" --save "$work/ckpt_mla" >"$work/out" 2>&1 || fail "MLA TP2 x EP2 run: $(cat "$work/out")"
+same_losses "MLA TP2 x EP2" "$work/mla_ref.jsonl" "$work/mla_tp2ep2.jsonl"
+"$bin/dsp-reshard" --load "$work/ckpt_mla" --save "$work/ckpt_mla_tp1" --tensor-model-parallel-size 1 >/dev/null \
+  && "$bin/dsp-consistency-check" --load "$work/ckpt_mla_tp1" --reference "$work/ckpt_mla" --tensor-model-parallel-size 1 \
+  >"$work/cc" && grep -q '"consistent":true' "$work/cc" && ok || fail "MLA checkpoint served at TP1: $(cat "$work/cc")"
+"$bin/dsp-generate" --load "$work/ckpt_mla_tp1" --prompt "ROMEO:" --max-new-tokens 8 2>"$work/err" >/dev/null \
+  && grep -q ", $((3 * (16 + 4) * 4)) bytes per token" "$work/err" && ok \
+  || fail "MLA's KV cache is not layers x (kv_lora + rope) x 4 bytes per token: $(cat "$work/err")"
+expect_fail "an MLA width without MLA" "--kv-lora-rank needs --multi-latent-attention" "$work/m22" -- \
+  "$bin/dsp-train" "${model[@]}" --kv-lora-rank 16 --metrics-file "$work/m22"
 
 mkdir -p "$work/notes" && echo keep >"$work/notes/keep.txt"
 "$bin/dsp-train" "${model[@]}" --save "$work/notes" --metrics-file "$work/m7" >/dev/null || fail "--save into a folder of other files"

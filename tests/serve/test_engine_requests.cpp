@@ -3,7 +3,8 @@
 // 100 tokens with an earlier one computes only the rest; stop strings across token
 // boundaries, stop tokens, log-probabilities and penalties against full-forward references;
 // the KV cache sized from a budget as the ledger predicts, with kv_heads / TP heads per rank;
-// MoE models served with the experts split over ranks.
+// the same for MLA, whose latent is whole on every TP rank; MoE models (GQA and MLA) served
+// with the experts split over ranks.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -248,41 +249,68 @@ TEST_CASE("engine requests: KV blocks from a budget equal the ledger's, kv_heads
   }
 }
 
-TEST_CASE("engine requests: an MoE model serves the same tokens with its experts split over 2 ranks") {
-  auto config = test::tiny_serving_model();
-  config.num_layers = 3;
-  config.num_experts = 8;
-  config.moe_router_topk = 2;
-  config.moe_ffn_hidden_size = 16;
-  config.num_shared_experts = 1;
-  config.first_k_dense_replace = 1;
-  config.moe_router_norm_topk_prob = true;
-  std::vector<Arrival> arrivals;
-  for (int i = 0; i < 6; ++i)
-    arrivals.push_back({i, text_ids(std::string("KING RICHARD III:").substr(0, static_cast<std::size_t>(3 + 2 * i))),
-                        greedy(6), test::request_id(i)});
-  std::vector<std::map<std::string, std::vector<std::int32_t>>> by_layout;
-  for (const auto layout : {ParallelLayout{}, ParallelLayout{.expert = 2}, ParallelLayout{.tensor = 2, .expert = 2}}) {
-    const int world_size = layout.tensor * layout.expert;
-    std::map<std::string, std::vector<std::int32_t>> tokens;
-    comm::launch(world_size, [&](comm::ThreadComm& world) {
-      DeviceMesh mesh(world, layout);
+TEST_CASE("engine requests: MLA's KV blocks from a budget equal the ledger's, the whole latent on every TP rank") {
+  const auto config = test::tiny_mla_serving_model();
+  const std::int64_t budget = 1 << 20;
+  for (int tp : {1, 2, 4}) {
+    CAPTURE(tp);
+    comm::launch(tp, [&](comm::ThreadComm& world) {
+      DeviceMesh mesh(world, ParallelLayout{.tensor = tp});
       model::CausalLM<test::ServeP> model(config, mesh, test::kServingSeed);
-      serve::Engine<test::ServeP> engine(model, world, {});
-      if (world.rank() == 0)
-        for (const auto& a : arrivals) engine.add_request(a.prompt, a.params, a.id);
-      std::map<std::string, std::vector<std::int32_t>> mine;
-      for (int step = 0; !engine.stopped() && step < 500; ++step) {
-        for (const auto& out : engine.step()) mine[out.id].insert(mine[out.id].end(), out.new_tokens.begin(), out.new_tokens.end());
-        if (world.rank() == 0 && !engine.has_unfinished_requests()) engine.shutdown();
+      serve::EngineConfig c;
+      c.kv_cache_memory = budget;
+      for (auto dtype : {backend::KvCacheDType::Fp32, backend::KvCacheDType::Bf16}) {
+        c.kv_cache_dtype = dtype;
+        serve::Engine<test::ServeP> engine(model, world, c);
+        const std::int64_t bytes = static_cast<std::int64_t>(backend::kv_cache_dtype_size(dtype));
+        CHECK(engine.bytes_per_block() == 16 * config.num_layers * (config.kv_lora_rank + config.qk_rope_head_dim) * bytes);
+        CHECK(engine.bytes_per_block() == plan::kv_cache_bytes_per_block(config, tp, 16, bytes));
+        CHECK(engine.block_manager().num_blocks() == plan::kv_cache_blocks(config, tp, 16, bytes, budget));
+        CHECK(engine.kv_cache_bytes() == engine.block_manager().num_blocks() * engine.bytes_per_block());
       }
-      if (world.rank() == world_size - 1) tokens = mine;  // the last rank agrees with the driver
     });
-    by_layout.push_back(tokens);
   }
-  REQUIRE(by_layout[0].size() == 6);
-  CHECK(by_layout[1] == by_layout[0]);
-  CHECK(by_layout[2] == by_layout[0]);
+}
+
+// A GQA and an MLA (DeepSeek-V3-shaped) MoE model, each at EP1, EP2 and TP2 x EP2.
+TEST_CASE("engine requests: an MoE model serves the same tokens with its experts split over 2 ranks") {
+  auto gqa = test::tiny_serving_model();
+  gqa.num_layers = 3;
+  gqa.num_experts = 8;
+  gqa.moe_router_topk = 2;
+  gqa.moe_ffn_hidden_size = 16;
+  gqa.num_shared_experts = 1;
+  gqa.first_k_dense_replace = 1;
+  gqa.moe_router_norm_topk_prob = true;
+  for (const auto& config : {gqa, test::tiny_mla_serving_model()}) {
+    CAPTURE(config.is_mla());
+    std::vector<Arrival> arrivals;
+    for (int i = 0; i < 6; ++i)
+      arrivals.push_back({i, text_ids(std::string("KING RICHARD III:").substr(0, static_cast<std::size_t>(3 + 2 * i))),
+                          greedy(6), test::request_id(i)});
+    std::vector<std::map<std::string, std::vector<std::int32_t>>> by_layout;
+    for (const auto layout : {ParallelLayout{}, ParallelLayout{.expert = 2}, ParallelLayout{.tensor = 2, .expert = 2}}) {
+      const int world_size = layout.tensor * layout.expert;
+      std::map<std::string, std::vector<std::int32_t>> tokens;
+      comm::launch(world_size, [&](comm::ThreadComm& world) {
+        DeviceMesh mesh(world, layout);
+        model::CausalLM<test::ServeP> model(config, mesh, test::kServingSeed);
+        serve::Engine<test::ServeP> engine(model, world, {});
+        if (world.rank() == 0)
+          for (const auto& a : arrivals) engine.add_request(a.prompt, a.params, a.id);
+        std::map<std::string, std::vector<std::int32_t>> mine;
+        for (int step = 0; !engine.stopped() && step < 500; ++step) {
+          for (const auto& out : engine.step()) mine[out.id].insert(mine[out.id].end(), out.new_tokens.begin(), out.new_tokens.end());
+          if (world.rank() == 0 && !engine.has_unfinished_requests()) engine.shutdown();
+        }
+        if (world.rank() == world_size - 1) tokens = mine;  // the last rank agrees with the driver
+      });
+      by_layout.push_back(tokens);
+    }
+    REQUIRE(by_layout[0].size() == 6);
+    CHECK(by_layout[1] == by_layout[0]);
+    CHECK(by_layout[2] == by_layout[0]);
+  }
 }
 
 }  // namespace serve_engine_requests_test
