@@ -21,7 +21,10 @@
 //     of N decoding requests, per step.
 // Models: demo = samples/configs/demo.json (4 layers, hidden 128, 0.8 M parameters, in cache);
 // 100m = 8 layers, hidden 1024, 16 heads, 4 KV groups, SwiGLU 2816, vocab 32000 (tied):
-// 100.8 M parameters, 403 MB of fp32 weights, far beyond the L3 cache.
+// 100.8 M parameters, 403 MB of fp32 weights, far beyond the L3 cache. demo_moe and demo_mla:
+// the MoE demos (samples/configs/demo_moe.json: GQA; demo_mla.json: DeepSeek-V3's MLA, its
+// cache the KV latent, attention in the absorbed form), decode only, tokens_per_s, step_ms and
+// kv_bytes_per_token without a roofline (their steps read only the routed experts).
 #include <benchmark/benchmark.h>
 
 #include <chrono>
@@ -41,7 +44,28 @@ using P = dsp::Policy<dsp::backend::Host, dsp::comm::ThreadComm>;
 
 dsp::model::ModelConfig model_config(const std::string& name) {
   dsp::model::ModelConfig c;
-  if (name == "demo") {
+  if (name == "demo_moe" || name == "demo_mla") {  // samples/configs/demo_moe.json, demo_mla.json
+    c = model_config("demo");
+    c.num_experts = 8;
+    c.moe_router_topk = 2;
+    c.moe_ffn_hidden_size = 128;
+    c.num_shared_experts = 1;
+    c.first_k_dense_replace = 1;
+    c.moe_router_score_function = dsp::ep::ScoreFunction::Sigmoid;
+    c.moe_router_enable_expert_bias = true;
+    if (name == "demo_mla") {
+      c.num_query_groups = c.num_attention_heads;
+      c.q_lora_rank = 64;
+      c.kv_lora_rank = 32;
+      c.qk_nope_head_dim = 32;
+      c.qk_rope_head_dim = 16;
+      c.v_head_dim = 32;
+      c.moe_router_norm_topk_prob = true;
+      c.moe_router_topk_scaling_factor = 2.5f;
+      c.moe_router_num_groups = 4;
+      c.moe_router_group_topk = 2;
+    }
+  } else if (name == "demo") {
     c.vocab_size = 256;
     c.hidden_size = 128;
     c.num_layers = 4;
@@ -135,9 +159,11 @@ void BM_decode(benchmark::State& state, const std::string& name) {
                                       flops / limits.peak_flops);
     const double tps = static_cast<double>(batch * steps) / seconds;
     state.counters["tokens_per_s"] = tps;
+    state.counters["step_ms"] = 1e3 * seconds / static_cast<double>(steps);
+    state.counters["kv_bytes_per_token"] = static_cast<double>(engine.bytes_per_block() / engine.config().block_size);
+    if (c.is_moe()) return;  // the roofline below reads every weight: dense models only
     state.counters["roofline_tokens_per_s"] = static_cast<double>(batch) / step_time;
     state.counters["roofline_fraction"] = tps * step_time / static_cast<double>(batch);
-    state.counters["step_ms"] = 1e3 * seconds / static_cast<double>(steps);
     state.counters["copy_GBps"] = limits.copy_bytes_per_s / 1e9;
     state.counters["peak_GFLOPs"] = limits.peak_flops / 1e9;
   });
@@ -228,6 +254,8 @@ void BM_scheduler(benchmark::State& state) {
 
 BENCHMARK_CAPTURE(BM_decode, demo, std::string("demo"))->RangeMultiplier(2)->Range(1, 64)->Iterations(80)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_decode, 100m, std::string("100m"))->RangeMultiplier(2)->Range(1, 64)->Iterations(24)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_decode, demo_moe, std::string("demo_moe"))->RangeMultiplier(4)->Range(1, 64)->Iterations(80)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_decode, demo_mla, std::string("demo_mla"))->RangeMultiplier(4)->Range(1, 64)->Iterations(80)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_prefill, demo, std::string("demo"))->Arg(8)->Arg(32)->Arg(128)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_prefill, 100m, std::string("100m"))->Arg(16)->Arg(64)->Arg(256)->Arg(512)->Iterations(3)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_prefix_ttft, demo, std::string("demo"))->ArgName("cached")->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
