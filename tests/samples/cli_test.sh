@@ -26,8 +26,10 @@
 #    (1e-5 relative); the metrics carry per-layer routing and the run ends with its table; an
 #    EP2 checkpoint resumes at EP1 and is served at TP1 consistent with its training layout;
 #  - MLA (--multi-latent-attention and its widths, on that MoE model): TP2 x EP2 gives the
-#    world-1 losses; served at TP1 through the latent cache (layers x (kv_lora + rope) x 4 bytes
-#    per token), consistent with its training layout; a width flag without MLA is refused;
+#    world-1 losses, so do PP2 under GPipe and interleaved; --bf16 at ZeRO 3 with selective
+#    recomputation gives its ZeRO 0 losses exactly (DP2); served at TP1 through the latent cache
+#    (layers x (kv_lora + rope) x 4 bytes per token), consistent with its training layout; a
+#    width flag without MLA is refused;
 #  - bad input: a clear message, a non-zero exit and no partial output; a checkpoint already at
 #    --train-iters says so and trains nothing.
 # Usage: cli_test.sh BIN_DIR DATA_FILE
@@ -462,6 +464,17 @@ same_losses "MLA TP2 x EP2" "$work/mla_ref.jsonl" "$work/mla_tp2ep2.jsonl"
 "$bin/dsp-generate" --load "$work/ckpt_mla_tp1" --prompt "ROMEO:" --max-new-tokens 8 2>"$work/err" >/dev/null \
   && grep -q ", $((3 * (16 + 4) * 4)) bytes per token" "$work/err" && ok \
   || fail "MLA's KV cache is not layers x (kv_lora + rope) x 4 bytes per token: $(cat "$work/err")"
+"$bin/dsp-train" "${mla[@]}" --num-layers 4 --metrics-file "$work/mla4_ref.jsonl" >/dev/null || fail "MLA 4-layer world-1 run"
+for schedule in "--pipeline-schedule gpipe" "--num-layers-per-virtual-pipeline-stage 1"; do
+  # shellcheck disable=SC2086 # the schedule's flags split on purpose
+  "$bin/dsp-train" --world-size 2 --pipeline-model-parallel-size 2 $schedule "${mla[@]}" --num-layers 4 \
+    --metrics-file "$work/mla_pp.jsonl" >"$work/out" 2>&1 || fail "MLA PP2 $schedule: $(cat "$work/out")"
+  same_losses "MLA PP2 ($schedule)" "$work/mla4_ref.jsonl" "$work/mla_pp.jsonl"
+done
+"$bin/dsp-train" --world-size 2 "${mla[@]}" --bf16 --metrics-file "$work/mla_bf16_0.jsonl" >/dev/null || fail "MLA --bf16 run"
+"$bin/dsp-train" --world-size 2 "${mla[@]}" --bf16 --zero-stage 3 --recompute-granularity selective \
+  --metrics-file "$work/mla_bf16_3.jsonl" >/dev/null || fail "MLA --bf16 ZeRO 3 run"
+exact_losses "MLA --bf16 ZeRO 3 with selective recomputation at DP2" "$work/mla_bf16_0.jsonl" "$work/mla_bf16_3.jsonl"
 expect_fail "an MLA width without MLA" "--kv-lora-rank needs --multi-latent-attention" "$work/m22" -- \
   "$bin/dsp-train" "${model[@]}" --kv-lora-rank 16 --metrics-file "$work/m22"
 
