@@ -1,6 +1,8 @@
 // Host paged attention (backend/host/paged_attention.hpp) against the contiguous attention op
 // (backend/attention.hpp) on the same keys and values, through shuffled block tables, for a
 // ragged batch of prefill chunks and decode tokens; its batch invariance; and the 16-bit pools.
+// The latent form (MLA's cache, paged_latent_attention_forward) against the contiguous
+// scaled_attention_forward over the same latents as one shared key/value head.
 //
 // Tolerance: the two ops differ in fp32 summation order only (the paged op sums q . k in 8
 // lanes and divides by the softmax sum at the end; the contiguous one runs two GEMMs on
@@ -150,6 +152,72 @@ void check_against_contiguous() {
   }
 }
 
+// MLA's latent pool: rows of kLatent values (a key of all of them, a value of the first
+// kLatentValue), one head shared by kLatentHeads query heads; fp32 and bf16 pools against the
+// contiguous op over the (rounded) latents, and a token alone against the batch, bitwise.
+template <class T>
+void check_latent_against_contiguous() {
+  constexpr std::int64_t kLatent = 12, kLatentValue = 8, kLatentHeads = 3;
+  constexpr float kScale = 0.3f;
+  const std::vector<std::int64_t> lengths{1, 9, 33};
+  const std::vector<std::int32_t> tables{7, 0, 0, 0, 0, 0, 0, 0, 0,  // [3 seqs, 9 blocks]: shuffled
+                                         3, 11, 5, 0, 0, 0, 0, 0, 0,
+                                         1, 12, 4, 9, 2, 13, 6, 8, 10};
+  std::vector<T> pool(14 * kBlock * kLatent, T{});
+  KvCacheDType dtype = KvCacheDType::Fp32;
+  if constexpr (std::is_same_v<T, bf16>) dtype = KvCacheDType::Bf16;
+  std::vector<std::vector<float>> latents, queries;
+  std::vector<float> q_all;
+  std::vector<std::int32_t> positions, seq;
+  for (std::size_t i = 0; i < lengths.size(); ++i) {
+    const auto n = static_cast<std::size_t>(lengths[i]);
+    latents.push_back(test::random_vector(n * kLatent, static_cast<unsigned>(40 + i)));
+    queries.push_back(test::random_vector(n * kLatentHeads * kLatent, static_cast<unsigned>(50 + i)));
+    std::vector<std::int32_t> slots, sq(n, static_cast<std::int32_t>(i));
+    for (std::int64_t p = 0; p < lengths[i]; ++p) {
+      slots.push_back(tables[i * 9 + static_cast<std::size_t>(p / kBlock)] * static_cast<std::int32_t>(kBlock) +
+                      static_cast<std::int32_t>(p % kBlock));
+      positions.push_back(static_cast<std::int32_t>(p));
+      seq.push_back(static_cast<std::int32_t>(i));
+    }
+    q_all.insert(q_all.end(), queries.back().begin(), queries.back().end());
+    paged_rows_write(Host{}, {pool.data(), dtype, kBlock, tables.data(), 9, slots.data(), sq.data()},
+                     latents.back().data(), lengths[i], kLatent, kLatent, 0);
+  }
+  const auto n = static_cast<std::int64_t>(positions.size());
+  std::vector<float> out(static_cast<std::size_t>(n * kLatentHeads * kLatentValue));
+  const backend::PagedKvLayer kv{pool.data(), dtype, kBlock, tables.data(), 9, nullptr, seq.data()};
+  paged_latent_attention_forward(Host{}, kv, q_all.data(), positions.data(), n, kLatentHeads, kLatent, kLatentValue,
+                                 kScale, out.data());
+  std::int64_t row = 0;
+  for (std::size_t i = 0; i < lengths.size(); ++i) {
+    CAPTURE(i);
+    const std::int64_t len = lengths[i];
+    const auto lat = stored<T>(latents[i]);
+    std::vector<float> ref(static_cast<std::size_t>(len * kLatentHeads * kLatentValue));
+    const backend::AttentionDims d{.batch = 1, .q_len = len, .kv_len = len, .q_heads = kLatentHeads, .kv_heads = 1,
+                                   .qk_dim = kLatent, .v_dim = kLatentValue, .scale = kScale, .ldk = kLatent,
+                                   .ldv = kLatent};
+    backend::scaled_attention_forward(Host{}, queries[i].data(), lat.data(), lat.data(), positions.data() + row, d,
+                                      ref.data(), nullptr);
+    const std::vector<float> got(out.begin() + row * kLatentHeads * kLatentValue,
+                                 out.begin() + (row + len) * kLatentHeads * kLatentValue);
+    CHECK(test::max_rel_diff(got, std::vector<double>(ref.begin(), ref.end())) <= 1e-5);
+    row += len;
+  }
+  for (std::int64_t t = 0; t < n; t += 5) {  // each query alone: bitwise the batch's
+    CAPTURE(t);
+    std::vector<float> alone(kLatentHeads * kLatentValue);
+    paged_latent_attention_forward(Host{}, {pool.data(), dtype, kBlock, tables.data(), 9, nullptr, &seq[t]},
+                                   q_all.data() + t * kLatentHeads * kLatent, &positions[t], 1, kLatentHeads, kLatent,
+                                   kLatentValue, kScale, alone.data());
+    CHECK(std::equal(alone.begin(), alone.end(), out.begin() + t * kLatentHeads * kLatentValue));
+  }
+  CHECK_THROWS_AS(paged_latent_attention_forward(Host{}, kv, q_all.data(), positions.data(), 1, kLatentHeads, kLatent,
+                                                 kLatent + 1, kScale, out.data()),
+                  Error);
+}
+
 }  // namespace
 
 TEST_CASE("paged attention: a ragged batch through shuffled block tables equals contiguous attention") {
@@ -191,6 +259,11 @@ TEST_CASE("paged attention: a token's output is bitwise the same alone, in a bat
   CHECK_THROWS_AS(paged_attention_forward(Host{}, view(pool, {}, all.seq), all.q.data(), all.positions.data(), 1, 3,
                                           2, kDim, together.data()),
                   Error);
+}
+
+TEST_CASE("paged attention: MLA's latent pool (fp32, bf16) equals contiguous attention over the latents") {
+  check_latent_against_contiguous<float>();
+  check_latent_against_contiguous<bf16>();
 }
 
 }  // namespace backend_paged_attention_test
