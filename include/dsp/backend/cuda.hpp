@@ -24,6 +24,7 @@
 #include "dsp/backend/cuda/moe_permute.cuh"
 #include "dsp/backend/cuda/rms_norm.cuh"
 #include "dsp/backend/cuda/rope.cuh"
+#include "dsp/backend/cuda/rope_interleaved.cuh"
 #include "dsp/backend/cuda/router.cuh"
 #include "dsp/backend/cuda/sigmoid.cuh"
 #include "dsp/backend/cuda/softmax.cuh"

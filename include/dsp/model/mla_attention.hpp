@@ -97,13 +97,12 @@ class MLAttention {
         v_dim_(c.v_head_dim),
         scale_(static_cast<float>(mla_softmax_scale(nope_ + rope_, c.rope_scaling))),
         freq_(rope_frequencies(rope_, c.rope_theta, c.rope_scaling)),
+        inv_freq_(freq_.inv_freq),
         kv_a_(spec.kv_a, seed, tp.size(), tp.rank()),
         kv_norm_(spec.kv_a_norm, kLatentNormEps, tp.size(), tp.rank()),
         kv_b_(tp, spec.kv_b.tensor, spec.kv_b.init, seed),
         o_(tp, spec.o.tensor, spec.o.init, seed) {
     DSP_CHECK(!c.use_flash_attn, "MLA (layer ", layer, "): --use-flash-attn is not implemented for MLA");
-    DSP_CHECK_AS(ConfigError, (std::is_same_v<Backend, backend::Host>), "MLA (layer ", layer,
-                 ") runs on the host backend only: there is no CUDA interleaved-RoPE op yet");
     if (spec.q_a) {
       q_a_.emplace(*spec.q_a, seed, tp.size(), tp.rank());
       q_norm_.emplace(*spec.q_a_norm, kLatentNormEps, tp.size(), tp.rank());
@@ -178,7 +177,7 @@ class MLAttention {
                               dq.data(), dk.data(), dv.data());
     // k_pe is shared by the heads: its gradient sums over this rank's heads, then over TP
     Tensor dk_pe({n, rope_}), head_part({n, rope_});
-    dk_pe.fill(0.0f);
+    dk_pe.zero();
     const std::int64_t kvw = heads_ * (nope_ + v_dim_);
     Tensor dkv({n, kvw});
     for (std::int64_t h = 0; h < heads_; ++h) {
@@ -301,13 +300,11 @@ class MLAttention {
     return q;
   }
 
-  // RoPE on the interleaved pairs of s (backend/host/rope_interleaved.hpp), or its transpose.
-  // Host only: the constructor refuses other backends, for which this compiles to nothing.
+  // RoPE on the interleaved pairs of s (the backend's rope_interleaved_forward: host/ or
+  // cuda/rope_interleaved), or its transpose.
   void rotate(const backend::RotarySlices& s, const std::int32_t* positions, bool transpose) const {
-    if constexpr (std::is_same_v<Backend, backend::Host>) {
-      if (transpose) backend::rope_interleaved_backward(Backend{}, s, positions, freq_.inv_freq.data(), freq_.attention_factor);
-      else backend::rope_interleaved_forward(Backend{}, s, positions, freq_.inv_freq.data(), freq_.attention_factor);
-    }
+    if (transpose) rope_interleaved_backward(Backend{}, s, positions, inv_freq_.data(), freq_.attention_factor);
+    else rope_interleaved_forward(Backend{}, s, positions, inv_freq_.data(), freq_.attention_factor);
   }
 
   /// x -> [tokens, kv_lora + rope] = [kv_a_layernorm(c_kv) | RoPE(k_pe)]; keeps kv_norm in s.
@@ -340,6 +337,7 @@ class MLAttention {
   std::int64_t layer_, heads_, q_lora_, kv_lora_, nope_, rope_, v_dim_;
   float scale_;
   RopeFrequencies freq_;
+  SpaceArray<double> inv_freq_;                        ///< freq_.inv_freq where the ops read it
   std::optional<Parameter> q_a_;                       ///< q_a_proj [q_lora, hidden], replicated
   std::optional<RMSNorm<Policy>> q_norm_;              ///< q_a_layernorm [q_lora], replicated
   std::optional<tp::ColumnParallelLinear<Policy>> q_b_;  ///< q_b_proj (or q_proj), split by heads

@@ -1,6 +1,8 @@
-// CUDA RMSNorm and RoPE against the Host ops on the same inputs, forward and backward.
+// CUDA RMSNorm, RoPE and interleaved RoPE (MLA) against the Host ops on the same inputs,
+// forward and backward.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -9,8 +11,10 @@
 #include "device_vectors.hpp"
 #include "dsp/backend/cuda/rms_norm.cuh"
 #include "dsp/backend/cuda/rope.cuh"
+#include "dsp/backend/cuda/rope_interleaved.cuh"
 #include "dsp/backend/host/rms_norm.hpp"
 #include "dsp/backend/host/rope.hpp"
+#include "dsp/backend/host/rope_interleaved.hpp"
 
 using dsp::backend::Cuda;
 using dsp::backend::DeviceBuffer;
@@ -71,4 +75,36 @@ TEST_CASE("rope forward and backward equal the Host op at large positions; in pl
   CHECK(relative_error(on_host(d_y), dx) < kTol);
   CHECK(relative_error(on_host(d_y), x) < kTol);  // the backward undoes the forward (a rotation)
   CHECK_THROWS_AS(rope_forward(b, d_x.data(), d_pos.data(), tokens, heads, 63, 10000.0f, d_y.data()), dsp::Error);
+}
+
+TEST_CASE("interleaved rope (MLA's rope slice of each head, YaRN factor) equals the Host op forward and backward") {
+  const Cuda b{};
+  const std::int64_t tokens = 33, heads = 3, nope = 8, rope = 16, width = heads * (nope + rope);
+  std::vector<std::int32_t> positions(tokens);
+  for (std::int64_t t = 0; t < tokens; ++t) positions[t] = std::int32_t(t * 997 % 32768);
+  std::vector<double> inv_freq(rope / 2);
+  for (std::int64_t i = 0; i < rope / 2; ++i) inv_freq[i] = std::pow(10000.0, -2.0 * double(i) / double(rope)) / 3.0;
+  const double factor = 1.07;
+  const auto x = random_vector(tokens * width, 9);
+  std::vector<float> y = x;
+  const auto slices = [&](float* data) {
+    return dsp::backend::RotarySlices{data + nope, tokens, heads, rope, width, nope + rope};
+  };
+  rope_interleaved_forward(Host{}, slices(y.data()), positions.data(), inv_freq.data(), factor);
+  auto d_x = on_device(b, x);
+  auto d_pos = on_device(b, positions);
+  auto d_freq = on_device(b, inv_freq);
+  rope_interleaved_forward(b, slices(d_x.data()), d_pos.data(), d_freq.data(), factor);
+  const auto got = on_host(d_x);
+  CHECK(relative_error(got, y) < kTol);
+  for (std::int64_t t = 0; t < tokens; ++t)  // the no-RoPE part of each head is untouched
+    for (std::int64_t h = 0; h < heads; ++h)
+      for (std::int64_t i = 0; i < nope; ++i) CHECK(got[t * width + h * (nope + rope) + i] == x[t * width + h * (nope + rope) + i]);
+  std::vector<float> back = y;
+  rope_interleaved_backward(Host{}, slices(back.data()), positions.data(), inv_freq.data(), factor);
+  rope_interleaved_backward(b, slices(d_x.data()), d_pos.data(), d_freq.data(), factor);
+  CHECK(relative_error(on_host(d_x), back) < kTol);
+  CHECK_THROWS_AS(rope_interleaved_forward(b, {d_x.data(), tokens, heads, 15, width, nope + rope}, d_pos.data(),
+                                           d_freq.data(), factor),
+                  dsp::Error);
 }

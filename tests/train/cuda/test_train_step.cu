@@ -3,7 +3,7 @@
 // (MemorySpaceScope(memory_space(Cuda))), every op is the CUDA one. One rank, and TP=2 / DP=2
 // with two ranks sharing the one GPU through StagingComm (the shared-device path), both
 // against the Host backend at TP1/DP1; ZeRO stages 1-3 at DP=2 the same way; and a DeepSeekMoE
-// model at EP1 and EP2; mixed precision (bf16, fp16) against the Host's mixed-precision step.
+// model at EP1 and EP2, and with MLA (DeepSeek-V3's attention) at TP1 and TP2; mixed precision (bf16, fp16) against the Host's mixed-precision step.
 // Tolerance 1e-5 relative (issue 7's bound): the two backends differ only in summation order
 // (cuBLAS's fp32 GEMM, pure fp32 without TF32, against OpenBLAS; fp64 row sums on both) and fused
 // multiply-adds, about 1e-7 relative per op; three Adam steps keep that far below 1e-5, as the
@@ -47,10 +47,21 @@ struct Run {
 // expert-parallel ranks.
 template <class Backend, class Precision = precision::Fp32>
 Run train_run(int steps, int tp = 1, int dp = 1, double offload_ratio = 0.0, bool flash = false, int zero_stage = 0,
-              bool moe = false, int ep = 1, dp::GradReduceDType grad_reduce_dtype = dp::GradReduceDType::Fp32) {
+              bool moe = false, int ep = 1, dp::GradReduceDType grad_reduce_dtype = dp::GradReduceDType::Fp32,
+              bool mla = false) {
   using Comm = comm::StagingComm<comm::ThreadComm>;
   using P = Policy<Backend, Comm, Precision>;
   auto config = moe ? test::small_moe_model() : test::small_model();
+  if (mla) {  // DeepSeek-V3's attention: query and KV latents, decoupled RoPE key, YaRN
+    config.num_query_groups = config.num_attention_heads;
+    config.q_lora_rank = 16;
+    config.kv_lora_rank = 16;
+    config.qk_nope_head_dim = 8;
+    config.qk_rope_head_dim = 4;
+    config.v_head_dim = 8;
+    config.rope_scaling = {.type = "yarn", .factor = 4, .original_max_position_embeddings = 16, .beta_fast = 32,
+                           .beta_slow = 1, .mscale = 1.0, .mscale_all_dim = 0.8};
+  }
   config.use_flash_attn = flash;
   const auto& data = test::shakespeare(config.seq_length);
   train::TrainConfig tc = test::small_train_config(8, steps);
@@ -183,6 +194,17 @@ TEST_CASE("a DeepSeekMoE step on the GPU (routing on the host, token rows on the
       CHECK(test::relative_error(gpu.params.at(name), want) <= 1e-5);
     }
   }
+}
+
+TEST_CASE("an MLA + DeepSeekMoE step on the GPU (interleaved RoPE, YaRN) equals the Host step; TP=2 on one GPU equals TP1") {
+  const Run host = train_run<backend::Host>(3, 1, 1, 0.0, false, 0, true, 1, dp::GradReduceDType::Fp32, true);
+  const Run gpu = train_run<backend::Cuda>(3, 1, 1, 0.0, false, 0, true, 1, dp::GradReduceDType::Fp32, true);
+  check_steps(gpu, host);
+  for (const auto& [name, want] : host.params) {
+    CAPTURE(name);
+    CHECK(test::relative_error(gpu.params.at(name), want) <= 1e-5);
+  }
+  check_steps(train_run<backend::Cuda>(3, 2, 1, 0.0, false, 0, true, 1, dp::GradReduceDType::Fp32, true), host);
 }
 
 TEST_CASE("--grad-reduce-dtype bf16 / fp16 at DP=2 on one GPU (gradients rounded on the device) equal the Host run with the same transport") {
