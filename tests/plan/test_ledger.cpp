@@ -5,7 +5,7 @@
 //    Activations (fp32, no recomputation, dense and MoE at EP 1, TP 1/2/4) equal the ledger's
 //    count minus what it keeps outside Tensor storage (std::vector statistics and ids, which
 //    dsp::memory does not count): exact;
-//  - serving: the KV cache the real model asks for (kv_heads_local() of a CausalLM at TP 1/2/4,
+//  - serving: the KV cache the real model asks for (kv_values_per_token() of a CausalLM at TP 1/2/4,
 //    K/V heads replicated at TP 4) measured at allocation equals the formula; serving weights
 //    equal the model's bytes;
 //  - the schedule walk equals pp::peak_in_flight x the stage's bytes with one chunk per rank;

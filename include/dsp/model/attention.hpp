@@ -150,7 +150,6 @@ class Attention {
     const std::int64_t offset = heads_ * d_ * w.value.dim(1);
     return {w.grad.data() + offset, static_cast<std::size_t>(w.grad.numel() - offset)};
   }
-  std::int64_t kv_heads_local() const { return kv_heads_; }
   /// Values a token's keys and values take in this rank's paged KV cache of this layer:
   /// 2 x kv_heads_local x head_dim (the ledger's formula, plan/ledger.hpp).
   std::int64_t kv_values_per_token() const { return 2 * kv_heads_ * d_; }

@@ -247,7 +247,6 @@ class CausalLM {
   /// which callers must mask (see padded_vocab()).
   Tensor logits(const ForwardContext& ctx, const std::vector<std::int32_t>& ids) { return infer(ctx, ids, Tensor{}); }
 
-  std::int64_t kv_heads_local() const { return blocks_.front()->kv_heads_local(); }
   /// Vocabulary rounded up to a multiple of TP (columns of the gathered logits).
   std::int64_t padded_vocab() const { return lm_head_->out_local() * tp_->size(); }
 

@@ -99,12 +99,6 @@ class DecoderBlock {
   std::span<float> replicated_kv_grad() { return mla_ ? std::span<float>{} : attn_->replicated_kv_grad(); }
   /// The MLA attention, null in a GQA layer.
   MLAttention<Policy>* mla() { return mla_.get(); }
-  /// GQA's K/V heads on this rank. Throws ConfigError for MLA, whose cache is one latent per
-  /// token (kv_values_per_token), not heads.
-  std::int64_t kv_heads_local() const {
-    DSP_CHECK_AS(ConfigError, attn_, "layer ", layer_, " is MLA: its KV cache is a latent per token, not K/V heads");
-    return attn_->kv_heads_local();
-  }
   /// Values per token in this layer's paged KV cache on this rank: 2 x kv_heads/TP x head_dim
   /// for GQA (Attention::kv_values_per_token), kv_lora_rank + qk_rope_head_dim for MLA (its
   /// latent, on every TP rank).
