@@ -18,8 +18,12 @@
 #include "dsp/checkpoint/merge.hpp"
 #include "dsp/checkpoint/model_io.hpp"
 #include "dsp/comm/launch.hpp"
+#include "dsp/pp/engine.hpp"
+#include "dsp/pp/layer_split.hpp"
+#include "dsp/pp/pipeline_stage.hpp"
 #include "dsp/policy.hpp"
 #include "dsp/serve/full_logits.hpp"
+#include "dsp/tp/mappings.hpp"
 #include "../data_dir.hpp"
 #include "../temp_dir.hpp"
 
@@ -63,6 +67,34 @@ Tensor dsp_logits(const fs::path& dir, int tp, const std::vector<std::int32_t>& 
     load_model(dir, model);
     Tensor logits = serve::full_logits(model, ids);
     if (world.rank() == 0) out = std::move(logits);
+  });
+  return out;
+}
+
+// Logits of the Hugging Face folder `dir` at TP `tp` x PP `pp` for `ids`: the layers split
+// evenly over the stages, each stage's ranks reading their own slices of their own layers
+// (load_into), stage r running PipelineStage::infer on stage r - 1's hidden states; the last
+// stage's logits gathered over its TP group, padding dropped.
+Tensor pipeline_logits(const fs::path& dir, int tp, int pp, const std::vector<std::int32_t>& ids) {
+  using P = Policy<backend::Host, comm::ThreadComm>;
+  const model::ModelConfig config = read_hf_config(dir);
+  const auto stages = pp::stage_layers(pp::even_layer_split(config.num_layers, pp), config.num_layers);
+  const auto len = static_cast<std::int64_t>(ids.size());
+  Tensor out;
+  comm::launch(tp * pp, [&](comm::ThreadComm& world) {
+    DeviceMesh<comm::ThreadComm> mesh(world, ParallelLayout{.tensor = tp, .pipeline = pp});
+    pp::PipelineStage<P> stage(config, mesh.tensor_group(), stages[static_cast<std::size_t>(mesh.pp_rank())], 7);
+    load_into(HfFolder(dir), stage_state(stage, StateUse::Load), tp, mesh.tp_rank());
+    auto ctx = model::ForwardContext::for_training(1, len);
+    ctx.training = false;
+    const Tensor x = pp::forward_stages(mesh.pipeline_group(), pp, {len, config.hidden_size},
+                                        [&](int, Tensor in) { return stage.infer(ctx, ids, std::move(in)); });
+    if (mesh.pp_rank() + 1 < pp) return;
+    const Tensor all = tp::GatherFromTpRegion<backend::Host>::forward(mesh.tensor_group(), x);
+    Tensor logits({len, config.vocab_size});
+    backend::copy_columns(backend::Host{}, all.data(), all.dim(1), 0, logits.data(), config.vocab_size, 0, len,
+                          config.vocab_size);
+    if (mesh.tp_rank() == 0) out = std::move(logits);
   });
   return out;
 }
@@ -186,7 +218,7 @@ TEST_CASE("hf import: fp8 e4m3 decoding of every byte") {
   CHECK(std::isnan(fp8_e4m3::to_float(0xff)));
 }
 
-TEST_CASE("hf import: the Llama fixture's logits equal transformers' within 1e-4 at TP1, TP2 and TP4") {
+TEST_CASE("hf import: the Llama fixture's logits equal transformers' within 1e-4 at TP1, TP2, TP4 and PP2") {
   // 1e-4: fp32 throughout, logits of order 1 (max |logit| ~4.5); dsp and torch sum in other
   // orders (~1e-6 relative per op over 2 layers); the measured difference is ~1e-6.
   const fs::path dir = fixture("llama");
@@ -202,7 +234,9 @@ TEST_CASE("hf import: the Llama fixture's logits equal transformers' within 1e-4
     const double diff = max_abs_diff(dsp_logits(dir, tp, ids), want);
     MESSAGE("TP", tp, ": max |dsp - transformers| = ", diff);
     CHECK(diff < 1e-4);
-  }
+  }  const double pp2 = max_abs_diff(pipeline_logits(dir, 1, 2, ids), want);
+  MESSAGE("PP2: max |dsp - transformers| = ", pp2);
+  CHECK(pp2 < 1e-4);
 }
 
 TEST_CASE("hf import: a sharded folder (model.safetensors.index.json) reads as the single file") {
@@ -351,11 +385,11 @@ TEST_CASE("hf export: an MLA model's config.json names the DeepSeek class of its
   CHECK(model::ModelConfig::from_hf_json(v3.to_hf_json()) == v3);
 }
 
-TEST_CASE("hf import: the DeepSeek-V3 and V2 fixtures' logits equal transformers' within 1e-4 at TP1, TP2 and EP2") {
+TEST_CASE("hf import: the DeepSeek-V3 and V2 fixtures' logits equal transformers' within 1e-4 at TP1, TP2, EP2 and PP2") {
   // 1e-4 as the Llama fixture: fp32 throughout, 3 layers; the routers' choices win by >= 4e-3
   // in the fixtures (tools/write_hf_fixtures.py), far above fp32 rounding, so dsp picks the
-  // same experts. PP2 splits layers over stages without changing any layer's arithmetic
-  // (tests/train/test_layout_invariance.cpp); serving loads one stage.
+  // same experts. PP2 (and TP2 x PP2): two stages of 2 and 1 layers, each reading its layers'
+  // tensors from the folder.
   for (const char* name : {"deepseek_v3", "deepseek_v2"}) {
     const fs::path dir = fixture(name);
     const auto [ids, want] = reference(dir);
@@ -365,6 +399,13 @@ TEST_CASE("hf import: the DeepSeek-V3 and V2 fixtures' logits equal transformers
       CAPTURE(ep);
       const double diff = max_abs_diff(dsp_logits(dir, tp, ids, ep), want);
       MESSAGE(std::string(name), " TP", tp, " EP", ep, ": max |dsp - transformers| = ", diff);
+      CHECK(diff < 1e-4);
+    }
+    for (int tp : {1, 2}) {
+      CAPTURE(name);
+      CAPTURE(tp);
+      const double diff = max_abs_diff(pipeline_logits(dir, tp, 2, ids), want);
+      MESSAGE(std::string(name), " TP", tp, " PP2: max |dsp - transformers| = ", diff);
       CHECK(diff < 1e-4);
     }
   }

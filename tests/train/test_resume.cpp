@@ -2,7 +2,8 @@
 // losses of an uninterrupted run (same layout and thread counts: bitwise equal, because
 // parameters, AdamW moments and step, LR position and data position are all restored and
 // every operation is deterministic). Also: resuming at another TP size continues with the
-// same losses to the layout-invariance tolerance.
+// same losses to the layout-invariance tolerance. The same bitwise resume for an MLA +
+// DeepSeekMoE model (DeepSeek-V3's attention, its expert bias a saved buffer) at TP2 x EP2.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -34,13 +35,32 @@ train::TrainConfig train_config() {
   return tc;
 }
 
-// Runs `steps` steps at (tp, dp), loading from `load` first and saving to `save` after.
-std::vector<double> run(int tp, int dp, int steps, const fs::path& load, const fs::path& save) {
-  const auto& data = test::shakespeare(test::small_model().seq_length);
+// The small DeepSeekMoE model with MLA (query and KV latents, decoupled RoPE key, YaRN) and
+// V3's router (sigmoid, expert bias).
+model::ModelConfig mla_moe_model() {
+  auto c = test::small_moe_model();
+  c.num_query_groups = c.num_attention_heads;
+  c.q_lora_rank = 16;
+  c.kv_lora_rank = 16;
+  c.qk_nope_head_dim = 8;
+  c.qk_rope_head_dim = 4;
+  c.v_head_dim = 8;
+  c.rope_scaling = {.type = "yarn", .factor = 4, .original_max_position_embeddings = 16, .beta_fast = 32,
+                    .beta_slow = 1, .mscale = 1.0, .mscale_all_dim = 0.8};
+  c.moe_router_score_function = ep::ScoreFunction::Sigmoid;
+  c.moe_router_enable_expert_bias = true;
+  return c;
+}
+
+// Runs `steps` steps of `config` at (tp, dp, ep), loading from `load` first and saving to
+// `save` after.
+std::vector<double> run(int tp, int dp, int steps, const fs::path& load, const fs::path& save,
+                        const model::ModelConfig& config = test::small_model(), int ep = 1) {
+  const auto& data = test::shakespeare(config.seq_length);
   std::vector<double> losses;
   comm::launch(tp * dp, [&](comm::ThreadComm& world) {
-    DeviceMesh mesh(world, ParallelLayout{.tensor = tp, .data = dp});
-    train::Trainer<P> trainer(test::small_model(), train_config(), mesh, data);
+    DeviceMesh mesh(world, ParallelLayout{.tensor = tp, .data = dp, .expert = ep});
+    train::Trainer<P> trainer(config, train_config(), mesh, data);
     if (!load.empty()) train::load_checkpoint(load, trainer);
     std::vector<double> mine;
     for (int s = 0; s < steps; ++s) mine.push_back(trainer.train_step().loss);
@@ -66,6 +86,18 @@ TEST_CASE("resume after N steps equals the uninterrupted run exactly") {
   REQUIRE(rest.size() == 7);
   for (int s = 0; s < 5; ++s) CHECK(first[s] == full[s]);
   for (int s = 0; s < 7; ++s) CHECK(rest[s] == full[5 + s]);
+}
+
+TEST_CASE("resume of an MLA + DeepSeekMoE model at TP2 x EP2 equals the uninterrupted run exactly") {
+  TempDir dir;
+  const auto config = mla_moe_model();
+  const auto full = run(2, 2, 8, {}, {}, config, 2);
+  const auto first = run(2, 2, 3, {}, dir.path, config, 2);
+  const auto rest = run(2, 2, 5, dir.path, {}, config, 2);
+  REQUIRE(first.size() == 3);
+  REQUIRE(rest.size() == 5);
+  for (int s = 0; s < 3; ++s) CHECK(first[s] == full[s]);
+  for (int s = 0; s < 5; ++s) CHECK(rest[s] == full[3 + s]);
 }
 
 TEST_CASE("resume at another tensor-parallel size continues with the same losses") {
