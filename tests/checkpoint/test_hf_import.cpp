@@ -411,6 +411,49 @@ TEST_CASE("hf import: the DeepSeek-V3 and V2 fixtures' logits equal transformers
   }
 }
 
+TEST_CASE("hf import: experts in transformers 5's fused layout (gate_up_proj [E, 2I, H], down_proj [E, H, I]) give the per-expert logits") {
+  // The DeepSeek-V3 fixture's experts stacked as DeepseekV3Experts holds them (gate rows, then
+  // up rows, per expert): the same weights, so the logits are bitwise those of the per-expert
+  // folder at TP1 and EP2 (each rank reading its experts' slices).
+  test::TempDir tmp;
+  const fs::path dir = tmp / "fused";
+  fs::create_directories(dir);
+  fs::copy_file(fixture("deepseek_v3") / "config.json", dir / "config.json");
+  const model::ModelConfig c = read_hf_config(dir);
+  auto tensors = all_tensors(fixture("deepseek_v3") / "model.safetensors");
+  const std::int64_t E = c.num_experts, I = c.moe_ffn_hidden_size, H = c.hidden_size;
+  for (std::int64_t l = c.first_k_dense_replace; l < c.num_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".mlp.experts.";
+    Tensor gate_up = Tensor::host_zeros({E, 2 * I, H}), down = Tensor::host_zeros({E, H, I});
+    for (std::int64_t e = 0; e < E; ++e) {
+      const std::string x = p + std::to_string(e) + ".";
+      const auto put = [&](Tensor& to, std::int64_t at, const std::string& name) {
+        const Tensor& t = tensors.at(name);
+        std::copy(t.values().begin(), t.values().end(), to.span().begin() + at);
+        tensors.erase(name);
+      };
+      put(gate_up, e * 2 * I * H, x + "gate_proj.weight");
+      put(gate_up, e * 2 * I * H + I * H, x + "up_proj.weight");
+      put(down, e * H * I, x + "down_proj.weight");
+    }
+    tensors.emplace(p + "gate_up_proj", std::move(gate_up));
+    tensors.emplace(p + "down_proj", std::move(down));
+  }
+  write_all(dir / "model.safetensors", tensors);
+  const auto [ids, want] = reference(fixture("deepseek_v3"));
+  CHECK(max_abs_diff(dsp_logits(dir, 1, ids), dsp_logits(fixture("deepseek_v3"), 1, ids)) == 0.0);
+  CHECK(max_abs_diff(dsp_logits(dir, 1, ids, 2), want) < 1e-4);
+
+  // a fused tensor of the wrong shape names the file, the tensor and both shapes
+  const std::string name = "model.layers.1.mlp.experts.down_proj";
+  tensors.at(name) = Tensor::host_zeros({E, H, I + 1});
+  write_all(dir / "model.safetensors", tensors);
+  const std::string e = error_of([&] { HfFolder folder(dir); });
+  CAPTURE(e);
+  CHECK(contains(e, "model.safetensors: fused expert tensor '" + name + "' has shape [" + std::to_string(E) + ", " +
+                        std::to_string(H) + ", " + std::to_string(I + 1) + "]"));
+}
+
 TEST_CASE("hf import: import -> dsp checkpoint at TP2 -> merge gives the fixture's tensors; the checkpoint's logits are the folder's") {
   test::TempDir tmp;
   const fs::path ckpt = tmp / "ckpt", merged = tmp / "merged";

@@ -10,7 +10,9 @@
 // Names are dsp's (the Hugging Face ones, ShardedTensor); a fused tensor (qkv_proj, gate_up_proj)
 // is read from its parts (q_proj, k_proj, v_proj; gate_proj, up_proj), the rows merge.hpp cuts it
 // into, stacked in the same order. Each rank reads only its shard: the byte ranges of the rows
-// (or row pieces) it holds.
+// (or row pieces) it holds. Experts are read per expert (`experts.{e}.gate_proj.weight`, as
+// transformers saves them) or from the fused tensors transformers 5 holds in memory
+// (`experts.gate_up_proj` [E, 2I, H], `experts.down_proj` [E, H, I]), each expert a slice.
 #include <algorithm>
 #include <array>
 #include <cstdint>
@@ -96,6 +98,73 @@ class HfFolder {
                                               "integers, got ", b.dump()));
       block_ = {b[0].get<std::int64_t>(), b[1].get<std::int64_t>()};
     }
+    map_files();
+    add_fused_expert_views();
+  }
+
+  const std::filesystem::path& dir() const { return dir_; }
+  /// The model config.json describes.
+  const model::ModelConfig& config() const { return config_; }
+  /// Whether the folder holds tensor `name`.
+  bool contains(const std::string& name) const { return file_of_.count(name) != 0 || views_.count(name) != 0; }
+
+  /// The header entry of tensor `name` (its dtype and shape) and the file holding it. Throws
+  /// CheckpointError naming the weights file (or the index) and the tensor when absent.
+  std::pair<const SafetensorsFile*, const SafetensorsEntry*> find(const std::string& name) const {
+    if (const auto v = views_.find(name); v != views_.end() && !file_of_.count(name))
+      return {&open(file_of_.at(v->second.source)), &v->second.entry};
+    const auto it = file_of_.find(name);
+    if (it == file_of_.end()) {
+      std::error_code ec;
+      const bool indexed = std::filesystem::exists(dir_ / hf_index_file, ec);
+      throw CheckpointError(dsp::detail::concat((dir_ / (indexed ? hf_index_file : hf_weights_file)).string(),
+                                                ": no tensor '", name, "'", indexed ? " in weight_map" : ""));
+    }
+    const SafetensorsFile& file = open(it->second);
+    if (!file.contains(name))
+      throw CheckpointError(dsp::detail::concat(file.path().string(), ": no tensor '", name, "' (", hf_index_file,
+                                                " maps it to this file)"));
+    return {&file, &file.entry(name)};
+  }
+
+  /// Shape of tensor `name`; throws as find.
+  const Shape& shape(const std::string& name) const { return find(name).second->shape; }
+
+  /// Elements [first, first + out.size()) of tensor `name`, flattened row-major, as fp32: only
+  /// their bytes are read; an F8_E4M3 tensor is multiplied by its block scale (read whole: one
+  /// value per block). Throws CheckpointError naming the file and tensor as find, for an integer
+  /// dtype or elements outside the tensor, and for an F8_E4M3 tensor without its scale tensor or
+  /// with a scale of another shape than [ceil(rows / block rows), ceil(cols / block cols)].
+  void read_elements(const std::string& name, std::int64_t first, std::span<float> out) const {
+    const auto [file, entry] = find(name);
+    if (const auto v = views_.find(name); v != views_.end() && !file_of_.count(name)) {
+      DSP_CHECK_AS(CheckpointError, first >= 0 && first + static_cast<std::int64_t>(out.size()) <= numel(entry->shape),
+                   file->path().string(), ": elements [", first, ", ", first + static_cast<std::int64_t>(out.size()),
+                   ") outside expert slice '", name, "' of '", v->second.source, "'");
+      DSP_CHECK_AS(CheckpointError, entry->dtype != DType::F8_E4M3, file->path().string(), ": fused expert tensor '",
+                   v->second.source, "' in F8_E4M3 (block scales of fused experts are not read)");
+      return file->read_elements(v->second.source, v->second.offset + first, out);
+    }
+    file->read_elements(name, first, out);
+    if (entry->dtype != DType::F8_E4M3) return;
+    const std::string scale_name = name + std::string(hf_scale_suffix);
+    if (!contains(scale_name))
+      throw CheckpointError(dsp::detail::concat(file->path().string(), ": F8_E4M3 tensor '", name,
+                                                "' has no block scale '", scale_name, "'"));
+    const auto [scale_file, scale_entry] = find(scale_name);
+    apply_block_scale(file->path().string(), *entry, scale_file->tensor(scale_name), block_, first, out);
+  }
+
+  /// Tensor `name` whole, as fp32 (dequantised as read_elements).
+  Tensor tensor(const std::string& name) const {
+    Tensor t = Tensor::host_zeros(shape(name));
+    read_elements(name, 0, t.span());
+    return t;
+  }
+
+ private:
+  // file_of_ from the index, or from the single file's header.
+  void map_files() {
     std::error_code ec;
     const std::filesystem::path index = dir_ / hf_index_file;
     if (!std::filesystem::exists(index, ec)) {
@@ -126,57 +195,50 @@ class HfFolder {
     }
   }
 
-  const std::filesystem::path& dir() const { return dir_; }
-  /// The model config.json describes.
-  const model::ModelConfig& config() const { return config_; }
-  /// Whether the folder holds tensor `name`.
-  bool contains(const std::string& name) const { return file_of_.count(name) != 0; }
-
-  /// The header entry of tensor `name` (its dtype and shape) and the file holding it. Throws
-  /// CheckpointError naming the weights file (or the index) and the tensor when absent.
-  std::pair<const SafetensorsFile*, const SafetensorsEntry*> find(const std::string& name) const {
-    const auto it = file_of_.find(name);
-    if (it == file_of_.end()) {
-      std::error_code ec;
-      const bool indexed = std::filesystem::exists(dir_ / hf_index_file, ec);
-      throw CheckpointError(dsp::detail::concat((dir_ / (indexed ? hf_index_file : hf_weights_file)).string(),
-                                                ": no tensor '", name, "'", indexed ? " in weight_map" : ""));
+  // The fused expert layout transformers 5 holds (DeepseekV3Experts / DeepseekV2Experts):
+  // `<layer>.mlp.experts.gate_up_proj` [experts, 2 x moe_intermediate, hidden], each expert's
+  // gate rows then its up rows, and `<layer>.mlp.experts.down_proj` [experts, hidden,
+  // moe_intermediate]. Each expert's gate_proj / up_proj / down_proj `.weight` becomes a view of
+  // its rows, so a rank reads only its experts' bytes. Throws CheckpointError naming the file and
+  // the tensor when a fused tensor's shape is not the config's.
+  void add_fused_expert_views() {
+    const std::int64_t experts = config_.num_experts, inter = config_.moe_ffn_hidden_size, hidden = config_.hidden_size;
+    std::vector<std::pair<std::string, std::string>> fused;  // (name, its experts prefix)
+    for (const auto& [name, file] : file_of_)
+      for (const std::string_view suffix : {".mlp.experts.gate_up_proj", ".mlp.experts.down_proj"})
+        if (name.ends_with(suffix)) fused.emplace_back(name, name.substr(0, name.size() - suffix.size()) + ".mlp.experts.");
+    for (const auto& [name, prefix] : fused) {
+      const SafetensorsFile& file = open(file_of_.at(name));
+      const SafetensorsEntry& e = file.entry(name);
+      const bool gate_up = name.ends_with("gate_up_proj");
+      const Shape want = gate_up ? Shape{experts, 2 * inter, hidden} : Shape{experts, hidden, inter};
+      DSP_CHECK_AS(CheckpointError, e.shape == want, file.path().string(), ": fused expert tensor '", name,
+                   "' has shape ", shape_str(e.shape), ", the model of ", hf_config_file, " expects ", shape_str(want));
+      for (std::int64_t x = 0; x < experts; ++x) {
+        const std::string expert = prefix + std::to_string(x) + ".";
+        const auto view = [&](const std::string& part, std::int64_t offset, Shape shape) {
+          SafetensorsEntry v = e;
+          v.name = expert + part + ".weight";
+          v.shape = std::move(shape);
+          views_[v.name] = {name, offset, v};
+        };
+        if (gate_up) {
+          view("gate_proj", x * 2 * inter * hidden, {inter, hidden});
+          view("up_proj", x * 2 * inter * hidden + inter * hidden, {inter, hidden});
+        } else {
+          view("down_proj", x * hidden * inter, {hidden, inter});
+        }
+      }
     }
-    const SafetensorsFile& file = open(it->second);
-    if (!file.contains(name))
-      throw CheckpointError(dsp::detail::concat(file.path().string(), ": no tensor '", name, "' (", hf_index_file,
-                                                " maps it to this file)"));
-    return {&file, &file.entry(name)};
   }
 
-  /// Shape of tensor `name`; throws as find.
-  const Shape& shape(const std::string& name) const { return find(name).second->shape; }
+  // A tensor that is a slice of a fused one: its elements from `offset` of `source`.
+  struct View {
+    std::string source;
+    std::int64_t offset = 0;
+    SafetensorsEntry entry;  ///< the slice's name, shape and dtype
+  };
 
-  /// Elements [first, first + out.size()) of tensor `name`, flattened row-major, as fp32: only
-  /// their bytes are read; an F8_E4M3 tensor is multiplied by its block scale (read whole: one
-  /// value per block). Throws CheckpointError naming the file and tensor as find, for an integer
-  /// dtype or elements outside the tensor, and for an F8_E4M3 tensor without its scale tensor or
-  /// with a scale of another shape than [ceil(rows / block rows), ceil(cols / block cols)].
-  void read_elements(const std::string& name, std::int64_t first, std::span<float> out) const {
-    const auto [file, entry] = find(name);
-    file->read_elements(name, first, out);
-    if (entry->dtype != DType::F8_E4M3) return;
-    const std::string scale_name = name + std::string(hf_scale_suffix);
-    if (!contains(scale_name))
-      throw CheckpointError(dsp::detail::concat(file->path().string(), ": F8_E4M3 tensor '", name,
-                                                "' has no block scale '", scale_name, "'"));
-    const auto [scale_file, scale_entry] = find(scale_name);
-    apply_block_scale(file->path().string(), *entry, scale_file->tensor(scale_name), block_, first, out);
-  }
-
-  /// Tensor `name` whole, as fp32 (dequantised as read_elements).
-  Tensor tensor(const std::string& name) const {
-    Tensor t = Tensor::host_zeros(shape(name));
-    read_elements(name, 0, t.span());
-    return t;
-  }
-
- private:
   const SafetensorsFile& open(const std::string& file) const {
     auto it = files_.find(file);
     if (it == files_.end()) it = files_.emplace(file, read_safetensors(dir_ / file)).first;
@@ -187,6 +249,7 @@ class HfFolder {
   model::ModelConfig config_;
   std::pair<std::int64_t, std::int64_t> block_{128, 128};  // FP8 block scale: rows x cols
   std::map<std::string, std::string> file_of_;             // tensor -> file name
+  std::map<std::string, View> views_;                      // per-expert slices of fused tensors
   mutable std::map<std::string, SafetensorsFile> files_;   // opened headers
 };
 
