@@ -48,6 +48,12 @@ int main(int argc, char** argv) {
       samples::run_ranks(tp, [&]<class Comm>(Comm& world) { dsp::checkpoint::import_hugging_face(load, save, world); });
       std::printf("imported the Hugging Face model %s to %s (TP%d/PP1, no optimizer state)\n", load.c_str(),
                   save.c_str(), tp);
+      const nlohmann::json extra = dsp::checkpoint::read_manifest(save).meta.extra;
+      if (extra.contains("kept_aside"))
+        std::printf("kept aside %s tensor(s) of the %s multi-token-prediction layer(s) in %s/%s (dsp does not train "
+                    "them; --merge writes them back)\n",
+                    extra["kept_aside"]["tensors"].dump().c_str(), extra["kept_aside"]["num_nextn_predict_layers"].dump().c_str(),
+                    save.c_str(), extra["kept_aside"]["file"].get<std::string>().c_str());
       return;
     }
     if (merge) {

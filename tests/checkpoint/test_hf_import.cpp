@@ -454,6 +454,52 @@ TEST_CASE("hf import: experts in transformers 5's fused layout (gate_up_proj [E,
                         std::to_string(H) + ", " + std::to_string(I + 1) + "]"));
 }
 
+TEST_CASE("hf import: DeepSeek-V3's multi-token-prediction layer is kept aside on import and written back by merge") {
+  // The V3 fixture (3 layers, num_nextn_predict_layers 1) with tensors of an MTP layer at index
+  // 3, named as DeepSeek-V3's checkpoints name layer 61's.
+  test::TempDir tmp;
+  const fs::path dir = tmp / "v3_mtp", ckpt = tmp / "ckpt", merged = tmp / "merged";
+  fs::create_directories(dir);
+  fs::copy_file(fixture("deepseek_v3") / "config.json", dir / "config.json");
+  auto tensors = all_tensors(fixture("deepseek_v3") / "model.safetensors");
+  const model::ModelConfig c = read_hf_config(dir);
+  const std::int64_t H = c.hidden_size;
+  std::map<std::string, Tensor> mtp;
+  mtp.emplace("model.layers.3.enorm.weight", Tensor::host_zeros({H}));
+  mtp.emplace("model.layers.3.hnorm.weight", Tensor::host_zeros({H}));
+  mtp.emplace("model.layers.3.eh_proj.weight", Tensor::host_zeros({H, 2 * H}));
+  mtp.emplace("model.layers.3.shared_head.norm.weight", Tensor::host_zeros({H}));
+  float v = 0.25f;
+  for (auto& [name, t] : mtp)
+    for (float& x : t.span()) x = (v += 0.125f);
+  for (const auto& [name, t] : mtp) tensors.emplace(name, t);
+  write_all(dir / "model.safetensors", tensors);
+
+  comm::launch(2, [&](comm::ThreadComm& world) { import_hugging_face(dir, ckpt, world); });
+  const Manifest m = read_manifest(ckpt);
+  REQUIRE(m.meta.extra.contains("kept_aside"));
+  CHECK(m.meta.extra.at("kept_aside").at("tensors") == 4);
+  CHECK(m.meta.extra.at("kept_aside").at("num_nextn_predict_layers") == 1);
+  const auto kept = all_tensors(ckpt / "mtp.safetensors");
+  CHECK(kept.size() == 4);
+  const auto [ids, want] = reference(fixture("deepseek_v3"));
+  CHECK(max_abs_diff(dsp_logits(ckpt, 1, ids), want) < 1e-4);  // the model itself is unchanged
+
+  merge(ckpt, merged);
+  const auto out = all_tensors(merged / "model.safetensors");
+  for (const auto& [name, t] : mtp) {
+    CAPTURE(name);
+    REQUIRE(out.count(name) == 1);
+    CHECK(max_abs_diff(out.at(name), t) == 0.0);
+  }
+  const auto config = nlohmann::json::parse(std::ifstream(merged / "config.json"));
+  CHECK(config.at("num_nextn_predict_layers") == 1);
+  // an import without such tensors keeps nothing aside
+  comm::launch(1, [&](comm::ThreadComm& world) { import_hugging_face(fixture("deepseek_v3"), tmp / "plain", world); });
+  CHECK(!read_manifest(tmp / "plain").meta.extra.contains("kept_aside"));
+  CHECK(!fs::exists(tmp / "plain" / "mtp.safetensors"));
+}
+
 TEST_CASE("hf import: import -> dsp checkpoint at TP2 -> merge gives the fixture's tensors; the checkpoint's logits are the folder's") {
   test::TempDir tmp;
   const fs::path ckpt = tmp / "ckpt", merged = tmp / "merged";

@@ -127,6 +127,22 @@ class HfFolder {
     return {&file, &file.entry(name)};
   }
 
+  /// Names of the tensors of layers `first_layer` and up (`model.layers.{i}.*`, i >=
+  /// first_layer), in name order: with first_layer = num_hidden_layers, DeepSeek-V3's
+  /// multi-token-prediction layers (num_nextn_predict_layers of them), which dsp does not train.
+  std::vector<std::string> tensors_from_layer(std::int64_t first_layer) const {
+    std::vector<std::string> out;
+    constexpr std::string_view prefix = "model.layers.";
+    for (const auto& [name, file] : file_of_) {
+      if (!name.starts_with(prefix)) continue;
+      const std::string rest = name.substr(prefix.size());
+      const auto dot = rest.find('.');
+      if (dot == std::string::npos || dot == 0 || rest.find_first_not_of("0123456789") != dot) continue;
+      if (std::stoll(rest.substr(0, dot)) >= first_layer) out.push_back(name);
+    }
+    return out;
+  }
+
   /// Shape of tensor `name`; throws as find.
   const Shape& shape(const std::string& name) const { return find(name).second->shape; }
 

@@ -142,7 +142,9 @@ inline nlohmann::json hugging_face_config(const std::filesystem::path& dir, nloh
 /// model.safetensors + config.json (+ tokenizer.json and tokenizer_config.json when the model
 /// config's vocab_size is byte-level, is_byte_level_vocab), atomically (an existing `out_dir` is replaced only on
 /// success), the tensors in global_model_order whatever layout the checkpoint was saved at (any
-/// TP and PP). Tensors whose name starts with optimizer_prefix are left out (ReadScope::Model:
+/// TP and PP), then what an import kept aside (manifest extra "kept_aside": DeepSeek-V3's MTP
+/// layers, with num_nextn_predict_layers in config.json). Tensors whose name starts with
+/// optimizer_prefix are left out (ReadScope::Model:
 /// their partition files are not read). Memory: every parameter's global tensor. Throws
 /// CheckpointError when the checkpoint is invalid (see CheckpointReader), is of a model no
 /// transformers class computes (hugging_face_config), a fused tensor's parts do not fit, two
@@ -156,12 +158,21 @@ inline void merge(const std::filesystem::path& dir, const std::filesystem::path&
     for (auto& piece : hugging_face_tensors(spec, reader.global_tensor(spec.name)))
       tensors.push_back(std::move(piece));
   }
+  // What an import kept aside (hf_convert.hpp: the MTP layers), written back as it was.
+  nlohmann::json out_config = config;
+  const nlohmann::json& extra = reader.manifest().meta.extra;
+  if (extra.contains("kept_aside")) {
+    const auto& kept = extra.at("kept_aside");
+    const SafetensorsFile file = read_safetensors(dir / kept.at("file").get<std::string>());
+    for (const auto& e : file.entries()) tensors.emplace_back(e.name, file.tensor(e.name));
+    out_config["num_nextn_predict_layers"] = kept.at("num_nextn_predict_layers");
+  }
   std::vector<std::pair<std::string, const Tensor*>> refs;
   for (const auto& [name, t] : tensors) refs.emplace_back(name, &t);
 
   AtomicDir staging(out_dir);
   write_safetensors(staging.tmp_path() / merged_model_file, refs, {{"format", "pt"}});
-  write_text(staging.tmp_path() / merged_config_file, config.dump(2) + "\n");
+  write_text(staging.tmp_path() / merged_config_file, out_config.dump(2) + "\n");
   const auto number = [&](const char* key) {
     return config.contains(key) && config.at(key).is_number_integer() ? config.at(key).get<std::int64_t>() : 0;
   };
