@@ -16,7 +16,9 @@
 //   dsp-generate --load hf_model --prompt-ids 1,17,42 --prompt-ids 5,6 --logits-file logits.safetensors
 // writes, instead of generating, each --prompt-ids prompt's logits at every position: tensor
 // "logits.<i>" [tokens, vocab] fp32 for prompt i, the prompt logits of the serving engine at the
-// serving TP x EP (the path generation takes: paged KV cache, MLA's absorbed latent attention). --load takes a dsp checkpoint or a Hugging Face model folder
+// serving TP x EP (the path generation takes: paged KV cache, MLA's absorbed latent attention;
+// a prompt of the model's whole context, which leaves the engine no position for the token it
+// samples, by one full forward pass). --load takes a dsp checkpoint or a Hugging Face model folder
 // (config.json without manifest.json: imported, each rank reading its slices).
 #include <chrono>
 #include <cstdio>
@@ -29,8 +31,8 @@
 #include "dsp/checkpoint/iterations.hpp"
 #include "dsp/checkpoint/model_io.hpp"
 #include "dsp/checkpoint/safetensors.hpp"
-#include "dsp/serve/consistency.hpp"
 #include "dsp/serve/engine.hpp"
+#include "dsp/serve/full_logits.hpp"
 
 namespace {
 
@@ -75,6 +77,9 @@ void write_logits(const std::string& load, const samples::ServingFlags& serving,
   std::vector<std::vector<std::int32_t>> prompts;
   for (const auto& text : prompt_ids) prompts.push_back(parse_ids(text, model_config.vocab_size));
   const auto [tp, ep] = serving.parallel_sizes(load, model_config);
+  for (const auto& ids : prompts)
+    DSP_CHECK_AS(dsp::InputError, static_cast<std::int64_t>(ids.size()) <= model_config.seq_length, "--prompt-ids: a prompt of ",
+                 ids.size(), " tokens exceeds the model's ", model_config.seq_length, " positions");
   samples::run_ranks(tp * ep, [&]<class Comm>(Comm& world) {
     using P = dsp::Policy<dsp::backend::Host, Comm>;
     dsp::DeviceMesh mesh(world, dsp::ParallelLayout{.tensor = tp, .expert = ep});
@@ -85,8 +90,14 @@ void write_logits(const std::string& load, const samples::ServingFlags& serving,
     params.max_tokens = 1;
     params.prompt_logits = true;
     std::vector<dsp::Tensor> logits(prompts.size());
+    // The engine samples a token after each prompt, which takes one position more: a prompt
+    // filling the whole context goes through one full forward pass instead (serve::full_logits).
+    for (std::size_t i = 0; i < prompts.size(); ++i)
+      if (static_cast<std::int64_t>(prompts[i].size()) == engine.config().max_model_len)
+        logits[i] = dsp::serve::full_logits(model, prompts[i]);
     if (world.rank() == 0)
-      for (std::size_t i = 0; i < prompts.size(); ++i) engine.add_request(prompts[i], params, std::to_string(i));
+      for (std::size_t i = 0; i < prompts.size(); ++i)
+        if (logits[i].numel() == 0) engine.add_request(prompts[i], params, std::to_string(i));
     while (!engine.stopped()) {
       for (auto& out : engine.step())
         if (out.prompt_logits.numel() > 0) logits[std::stoul(out.id)] = std::move(out.prompt_logits);

@@ -6,6 +6,7 @@
 // widths need --multi-latent-attention (whose unset widths take Megatron's defaults).
 #include <functional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -117,7 +118,9 @@ class ModelFlags {
 
   // --multi-latent-attention: the widths not given (nor in the base) take Megatron-Core's
   // defaults (kv_lora_rank 32, qk_head_dim 128, qk_pos_emb_head_dim 64, v_head_dim 128, no
-  // query latent). Without it, a width flag on a GQA model is a ConfigError naming it.
+  // query latent); a width given must be positive (--q-lora-rank 0: none). MLA has no query
+  // groups: --num-query-groups other than the heads is refused, and they are set to the heads.
+  // Without it, a width flag on a GQA model is a ConfigError naming it.
   void apply_mla(const CLI::App& app, const dsp::model::ModelConfig* base, dsp::model::ModelConfig& m) const {
     if (app.count("--multi-latent-attention") == 0) {
       if (base && base->is_mla()) return;
@@ -125,11 +128,18 @@ class ModelFlags {
         DSP_CHECK_AS(dsp::ConfigError, app.count(flag) == 0, flag, " needs --multi-latent-attention");
       return;
     }
-    for (auto [field, fallback] : {std::pair{&dsp::model::ModelConfig::kv_lora_rank, 32},
-                                   {&dsp::model::ModelConfig::qk_nope_head_dim, 128},
-                                   {&dsp::model::ModelConfig::qk_rope_head_dim, 64},
-                                   {&dsp::model::ModelConfig::v_head_dim, 128}})
-      if (m.*field == 0) m.*field = fallback;
+    using C = dsp::model::ModelConfig;
+    for (auto [flag, field, fallback] : {std::tuple{"--kv-lora-rank", &C::kv_lora_rank, 32},
+                                         {"--qk-head-dim", &C::qk_nope_head_dim, 128},
+                                         {"--qk-pos-emb-head-dim", &C::qk_rope_head_dim, 64},
+                                         {"--v-head-dim", &C::v_head_dim, 128}}) {
+      if (app.count(flag) == 0 && m.*field == 0) m.*field = fallback;
+      DSP_CHECK_AS(dsp::ConfigError, m.*field > 0, flag, " must be positive with --multi-latent-attention, got ", m.*field);
+    }
+    DSP_CHECK_AS(dsp::ConfigError, app.count("--num-query-groups") == 0 || m.num_query_groups == m.num_attention_heads,
+                 "--num-query-groups ", m.num_query_groups, " with --multi-latent-attention: MLA has no query groups ",
+                 "(every head reads the one latent); leave it out or give the heads, ", m.num_attention_heads);
+    m.num_query_groups = m.num_attention_heads;
   }
 
   using Copy = std::function<void(dsp::model::ModelConfig&, const dsp::model::ModelConfig&)>;

@@ -29,7 +29,7 @@
 #    world-1 losses, so do PP2 under GPipe and interleaved; --bf16 at ZeRO 3 with selective
 #    recomputation gives its ZeRO 0 losses exactly (DP2); served at TP1 through the latent cache
 #    (layers x (kv_lora + rope) x 4 bytes per token), consistent with its training layout; a
-#    width flag without MLA is refused;
+#    width flag without MLA, a width of 0 and query groups with MLA are refused;
 #  - bad input: a clear message, a non-zero exit and no partial output; a checkpoint already at
 #    --train-iters says so and trains nothing.
 # Usage: cli_test.sh BIN_DIR DATA_FILE
@@ -452,8 +452,11 @@ expect_fail "shared expert size not a multiple" "--moe-shared-expert-intermediat
 
 # --- MLA (DeepSeek-V3's attention) from the command line: TP2 x EP2 gives the world-1 losses;
 # served through the engine's latent cache at TP1, consistent with its training layout -------
-mla=("${moe[@]}" --multi-latent-attention --q-lora-rank 16 --kv-lora-rank 16 --qk-head-dim 8 --qk-pos-emb-head-dim 4
-     --v-head-dim 8)
+mla=()  # the MoE flags without --num-query-groups: MLA has none
+for ((i = 0; i < ${#moe[@]}; i++)); do
+  if [ "${moe[i]}" = --num-query-groups ]; then i=$((i + 1)); else mla+=("${moe[i]}"); fi
+done
+mla+=(--multi-latent-attention --q-lora-rank 16 --kv-lora-rank 16 --qk-head-dim 8 --qk-pos-emb-head-dim 4 --v-head-dim 8)
 "$bin/dsp-train" "${mla[@]}" --metrics-file "$work/mla_ref.jsonl" >/dev/null || fail "MLA world-1 run"
 "$bin/dsp-train" --world-size 4 --tensor-model-parallel-size 2 --expert-model-parallel-size 2 "${mla[@]}" \
   --metrics-file "$work/mla_tp2ep2.jsonl" --save "$work/ckpt_mla" >"$work/out" 2>&1 || fail "MLA TP2 x EP2 run: $(cat "$work/out")"
@@ -477,6 +480,10 @@ done
 exact_losses "MLA --bf16 ZeRO 3 with selective recomputation at DP2" "$work/mla_bf16_0.jsonl" "$work/mla_bf16_3.jsonl"
 expect_fail "an MLA width without MLA" "--kv-lora-rank needs --multi-latent-attention" "$work/m22" -- \
   "$bin/dsp-train" "${model[@]}" --kv-lora-rank 16 --metrics-file "$work/m22"
+expect_fail "an MLA width of 0" "--kv-lora-rank must be positive with --multi-latent-attention, got 0" "$work/m23" -- \
+  "$bin/dsp-train" "${mla[@]}" --kv-lora-rank 0 --metrics-file "$work/m23"
+expect_fail "query groups with MLA" "--num-query-groups 2 with --multi-latent-attention: MLA has no query groups" \
+  "$work/m24" -- "$bin/dsp-train" "${mla[@]}" --num-query-groups 2 --metrics-file "$work/m24"
 
 mkdir -p "$work/notes" && echo keep >"$work/notes/keep.txt"
 "$bin/dsp-train" "${model[@]}" --save "$work/notes" --metrics-file "$work/m7" >/dev/null || fail "--save into a folder of other files"

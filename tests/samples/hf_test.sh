@@ -99,6 +99,12 @@ v2_ids=$(values "$fixtures/deepseek_v2/logits.safetensors" ids | awk '{ printf "
   || fail "dsp-generate --logits-file on DeepSeek-V2 at TP2 x EP2: $(cat "$work/err")"
 d=$(max_diff "$work/v2.safetensors" logits.0 "$fixtures/deepseek_v2/logits.safetensors" logits)
 within "$d" 1e-4 && ok || fail "DeepSeek-V2 logits (TP2 x EP2) differ from transformers' by $d"
+# a prompt of the model's whole context (max_position_embeddings tokens) still gives its logits
+ctx=$(grep -o '"max_position_embeddings": *[0-9]*' "$fixtures/deepseek_v3/config.json" | grep -o '[0-9]*$')
+long_ids=$(seq 1 "$ctx" | awk '{ printf "%s%d", (NR > 1 ? "," : ""), $1 % 200 }')
+"$bin/dsp-generate" --load "$work/v3" --prompt-ids "$long_ids" --logits-file "$work/v3_long.safetensors" >/dev/null \
+  2>"$work/err" && [ "$(values "$work/v3_long.safetensors" logits.0 | wc -l)" -eq $((ctx * 257)) ] && ok \
+  || fail "--logits-file of a prompt of $ctx tokens (the whole context): $(cat "$work/err")"
 expect_fail "merge of an HF folder" "is a Hugging Face model folder already" "$work/m2" -- \
   "$bin/dsp-reshard" --load "$llama" --save "$work/m2" --merge
 expect_fail "import without a TP size" "--tensor-model-parallel-size is required" "$work/c2" -- \

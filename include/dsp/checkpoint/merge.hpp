@@ -122,7 +122,8 @@ inline std::vector<std::pair<std::string, Tensor>> hugging_face_tensors(const Sh
 
 /// The config.json merge writes for a checkpoint's model_config: `config` with, when it has a
 /// "rope_theta" and no "rope_parameters", transformers 5's {"rope_type": "default",
-/// "rope_theta": <the same>} added (LlamaConfig reads both spellings; 5.x writes the second).
+/// "rope_theta": <the same>} added (LlamaConfig reads both spellings; 5.x writes the second), and
+/// for MLA num_key_value_heads = num_attention_heads (dsp's MLA has no query groups).
 /// Throws CheckpointError naming `dir` for a mixture-of-experts model no transformers class
 /// computes ("architectures" DspMoeForCausalLM: GQA attention, or a router unlike DeepSeek-V2's
 /// and V3's; ModelConfig::to_hf_json), so a merged folder would load nowhere.
@@ -133,6 +134,11 @@ inline nlohmann::json hugging_face_config(const std::filesystem::path& dir, nloh
                "which no transformers class computes (DeepseekV2/V3ForCausalLM take MLA attention and their own routers): ",
                "--merge would write a Hugging Face folder ",
                "nothing loads; serve it with dsp-generate / dsp-serve, or reshard it with dsp-reshard");
+  // MLA: one key/value head per query head in transformers' DeepseekV2/V3Attention (its
+  // repeat_kv would otherwise multiply heads that are already all there)
+  if (config.contains("kv_lora_rank") && config.at("kv_lora_rank").is_number_integer() &&
+      config.at("kv_lora_rank").get<std::int64_t>() > 0 && config.contains("num_attention_heads"))
+    config["num_key_value_heads"] = config.at("num_attention_heads");
   if (config.contains("rope_theta") && !config.contains("rope_parameters"))
     config["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", config.at("rope_theta")}};
   return config;
