@@ -35,6 +35,7 @@
 #include "cli.hpp"
 #include "model_flags.hpp"
 #include "ranks.hpp"
+#include "dsp/checkpoint/hf_import.hpp"
 #include "dsp/core/trace.hpp"
 #include "dsp/data/blended_gpt_data.hpp"
 #include "dsp/data/tokenizer.hpp"
@@ -328,6 +329,15 @@ void train(Options& o) {
   const std::unique_ptr<const dsp::data::SampleSource> data = open_data(o);
   std::int64_t start = 0;  // the iteration this run resumes from
   const bool hugging_face = !o.load.empty() && dsp::checkpoint::is_hugging_face_folder(o.load);
+  if (hugging_face) {  // what the model does not hold (DeepSeek-V3's MTP layers) is said, not dropped silently
+    const auto kept = dsp::checkpoint::HfFolder(o.load).tensors_from_layer(o.model.num_layers);
+    if (!kept.empty())
+      std::fprintf(stderr,
+                   "dsp-train: warning: %s holds %zu tensor(s) of layers past num_hidden_layers (multi-token "
+                   "prediction), which dsp does not train and its checkpoints do not carry; dsp-reshard --load %s "
+                   "--save CKPT keeps them aside for --merge\n",
+                   o.load.c_str(), kept.size(), o.load.c_str());
+  }
   if (!o.load.empty() && !hugging_face) {
     o.load = dsp::checkpoint::resolve_checkpoint(o.load, o.ckpt_step).string();  // the iter_* folder
     start = dsp::checkpoint::read_manifest(o.load).meta.iteration;
