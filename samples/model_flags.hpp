@@ -36,8 +36,8 @@ class ModelFlags {
     flag(app, "--use-flash-attn", &C::use_flash_attn,
          "memory-efficient attention: keep each query's log-sum-exp for backward, not the [s, s] probabilities");
     app.add_flag("--untie-embeddings-and-output-weights", untie_, "separate output layer (default: tied)");
-    app.add_flag("--multi-latent-attention", multi_latent_,
-                 "Multi-head Latent Attention (DeepSeek-V2/V3) instead of GQA; its serving cache is the KV latent");
+    app.add_flag("--multi-latent-attention")
+        ->description("Multi-head Latent Attention (DeepSeek-V2/V3) instead of GQA; its serving cache is the KV latent");
     option(app, "--q-lora-rank", &C::q_lora_rank, "MLA: query latent width (default: none, a full q_proj)");
     option(app, "--kv-lora-rank", &C::kv_lora_rank, "MLA: the cached key/value latent width (default 32)");
     option(app, "--qk-head-dim", &C::qk_nope_head_dim, "MLA: per-head query/key width without RoPE (default 128)");
@@ -156,7 +156,6 @@ class ModelFlags {
 
   dsp::model::ModelConfig model_;
   bool untie_ = false;
-  bool multi_latent_ = false;
   std::int64_t shared_expert_intermediate_size_ = 0;
   std::string score_function_ = "softmax";
   std::vector<std::pair<std::string, Copy>> fields_;  // flag -> copies its field from the flags' model

@@ -31,6 +31,20 @@ inline model::ModelConfig small_moe_model() {
   return config;
 }
 
+/// `config` with DeepSeek-V3's attention: MLA with a query latent 16, KV latent 16, no-RoPE 8,
+/// RoPE 4, value 8, YaRN (factor 4 over 16 positions, mscale != mscale_all_dim); no query groups.
+inline model::ModelConfig with_mla(model::ModelConfig config) {
+  config.num_query_groups = config.num_attention_heads;
+  config.q_lora_rank = 16;
+  config.kv_lora_rank = 16;
+  config.qk_nope_head_dim = 8;
+  config.qk_rope_head_dim = 4;
+  config.v_head_dim = 8;
+  config.rope_scaling = {.type = "yarn", .factor = 4, .original_max_position_embeddings = 16, .beta_fast = 32,
+                         .beta_slow = 1, .mscale = 1.0, .mscale_all_dim = 0.8};
+  return config;
+}
+
 /// tinyshakespeare.txt from the repository's data/ as windows of seq_length tokens (read once
 /// per length; safe to call from several threads).
 inline const train::TokenDataset& shakespeare(std::int64_t seq_length) {

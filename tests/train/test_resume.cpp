@@ -38,15 +38,7 @@ train::TrainConfig train_config() {
 // The small DeepSeekMoE model with MLA (query and KV latents, decoupled RoPE key, YaRN) and
 // V3's router (sigmoid, expert bias).
 model::ModelConfig mla_moe_model() {
-  auto c = test::small_moe_model();
-  c.num_query_groups = c.num_attention_heads;
-  c.q_lora_rank = 16;
-  c.kv_lora_rank = 16;
-  c.qk_nope_head_dim = 8;
-  c.qk_rope_head_dim = 4;
-  c.v_head_dim = 8;
-  c.rope_scaling = {.type = "yarn", .factor = 4, .original_max_position_embeddings = 16, .beta_fast = 32,
-                    .beta_slow = 1, .mscale = 1.0, .mscale_all_dim = 0.8};
+  auto c = test::with_mla(test::small_moe_model());
   c.moe_router_score_function = ep::ScoreFunction::Sigmoid;
   c.moe_router_enable_expert_bias = true;
   return c;

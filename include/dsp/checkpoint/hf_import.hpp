@@ -111,7 +111,7 @@ class HfFolder {
   /// The header entry of tensor `name` (its dtype and shape) and the file holding it. Throws
   /// CheckpointError naming the weights file (or the index) and the tensor when absent.
   std::pair<const SafetensorsFile*, const SafetensorsEntry*> find(const std::string& name) const {
-    if (const auto v = views_.find(name); v != views_.end() && !file_of_.count(name))
+    if (const auto v = views_.find(name); v != views_.end())
       return {&open(file_of_.at(v->second.source)), &v->second.entry};
     const auto it = file_of_.find(name);
     if (it == file_of_.end()) {
@@ -153,7 +153,7 @@ class HfFolder {
   /// with a scale of another shape than [ceil(rows / block rows), ceil(cols / block cols)].
   void read_elements(const std::string& name, std::int64_t first, std::span<float> out) const {
     const auto [file, entry] = find(name);
-    if (const auto v = views_.find(name); v != views_.end() && !file_of_.count(name)) {
+    if (const auto v = views_.find(name); v != views_.end()) {
       DSP_CHECK_AS(CheckpointError, first >= 0 && first + static_cast<std::int64_t>(out.size()) <= numel(entry->shape),
                    file->path().string(), ": elements [", first, ", ", first + static_cast<std::int64_t>(out.size()),
                    ") outside expert slice '", name, "' of '", v->second.source, "'");
@@ -214,8 +214,8 @@ class HfFolder {
   // The fused expert layout transformers 5 holds (DeepseekV3Experts / DeepseekV2Experts):
   // `<layer>.mlp.experts.gate_up_proj` [experts, 2 x moe_intermediate, hidden], each expert's
   // gate rows then its up rows, and `<layer>.mlp.experts.down_proj` [experts, hidden,
-  // moe_intermediate]. Each expert's gate_proj / up_proj / down_proj `.weight` becomes a view of
-  // its rows, so a rank reads only its experts' bytes. Throws CheckpointError naming the file and
+  // moe_intermediate]. Each expert's gate_proj / up_proj / down_proj `.weight` not in the folder
+  // itself becomes a view of its rows, so a rank reads only its experts' bytes. Throws CheckpointError naming the file and
   // the tensor when a fused tensor's shape is not the config's.
   void add_fused_expert_views() {
     const std::int64_t experts = config_.num_experts, inter = config_.moe_ffn_hidden_size, hidden = config_.hidden_size;
@@ -235,6 +235,7 @@ class HfFolder {
         const auto view = [&](const std::string& part, std::int64_t offset, Shape shape) {
           SafetensorsEntry v = e;
           v.name = expert + part + ".weight";
+          if (file_of_.count(v.name)) return;  // the per-expert tensor itself is in the folder
           v.shape = std::move(shape);
           views_[v.name] = {name, offset, v};
         };

@@ -157,7 +157,7 @@ inline nlohmann::json hugging_face_config(const std::filesystem::path& dir, nloh
 /// tensors end up with the same name, or writing fails.
 inline void merge(const std::filesystem::path& dir, const std::filesystem::path& out_dir) {
   const CheckpointReader reader(dir, ReadScope::Model);
-  const nlohmann::json config = hugging_face_config(dir, reader.manifest().meta.model_config);
+  nlohmann::json config = hugging_face_config(dir, reader.manifest().meta.model_config);
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (const ShardedTensor& spec : global_model_order(reader.manifest().tensors)) {
     if (is_optimizer_state(spec.name)) continue;
@@ -165,20 +165,19 @@ inline void merge(const std::filesystem::path& dir, const std::filesystem::path&
       tensors.push_back(std::move(piece));
   }
   // What an import kept aside (hf_convert.hpp: the MTP layers), written back as it was.
-  nlohmann::json out_config = config;
   const nlohmann::json& extra = reader.manifest().meta.extra;
   if (extra.contains("kept_aside")) {
     const auto& kept = extra.at("kept_aside");
     const SafetensorsFile file = read_safetensors(dir / kept.at("file").get<std::string>());
     for (const auto& e : file.entries()) tensors.emplace_back(e.name, file.tensor(e.name));
-    out_config["num_nextn_predict_layers"] = kept.at("num_nextn_predict_layers");
+    config["num_nextn_predict_layers"] = kept.at("num_nextn_predict_layers");
   }
   std::vector<std::pair<std::string, const Tensor*>> refs;
   for (const auto& [name, t] : tensors) refs.emplace_back(name, &t);
 
   AtomicDir staging(out_dir);
   write_safetensors(staging.tmp_path() / merged_model_file, refs, {{"format", "pt"}});
-  write_text(staging.tmp_path() / merged_config_file, out_config.dump(2) + "\n");
+  write_text(staging.tmp_path() / merged_config_file, config.dump(2) + "\n");
   const auto number = [&](const char* key) {
     return config.contains(key) && config.at(key).is_number_integer() ? config.at(key).get<std::int64_t>() : 0;
   };

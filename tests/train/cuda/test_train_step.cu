@@ -52,16 +52,7 @@ Run train_run(int steps, int tp = 1, int dp = 1, double offload_ratio = 0.0, boo
   using Comm = comm::StagingComm<comm::ThreadComm>;
   using P = Policy<Backend, Comm, Precision>;
   auto config = moe ? test::small_moe_model() : test::small_model();
-  if (mla) {  // DeepSeek-V3's attention: query and KV latents, decoupled RoPE key, YaRN
-    config.num_query_groups = config.num_attention_heads;
-    config.q_lora_rank = 16;
-    config.kv_lora_rank = 16;
-    config.qk_nope_head_dim = 8;
-    config.qk_rope_head_dim = 4;
-    config.v_head_dim = 8;
-    config.rope_scaling = {.type = "yarn", .factor = 4, .original_max_position_embeddings = 16, .beta_fast = 32,
-                           .beta_slow = 1, .mscale = 1.0, .mscale_all_dim = 0.8};
-  }
+  if (mla) config = test::with_mla(config);  // DeepSeek-V3's attention
   config.use_flash_attn = flash;
   const auto& data = test::shakespeare(config.seq_length);
   train::TrainConfig tc = test::small_train_config(8, steps);
