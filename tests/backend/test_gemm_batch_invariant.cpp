@@ -1,11 +1,14 @@
-// The batch-invariant host GEMM (backend/host/gemm_batch_invariant.hpp): a row of C is the same
-// bitwise whatever the number of rows and wherever the row sits, on one thread or several; it
-// agrees with OpenBLAS's sgemm within fp32's error bound; linear_forward takes it inside a
+// The batch-invariant host GEMM (backend/host/gemm_batch_invariant.hpp): every element equals a
+// naive loop of std::fma over k bitwise, on each of the kernel's paths (AVX-512, AVX2, portable)
+// and for every shape that selects a different kernel; a row of C is the same bitwise whatever
+// the number of rows and wherever the row sits, on one thread or several; it agrees with
+// OpenBLAS's sgemm within fp32's error bound; linear_forward takes it inside a
 // BatchInvariantScope (and OpenBLAS outside, which is not invariant: the reason it exists).
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <cstring>
+#include <tuple>
 #include <vector>
 
 #include "dsp/backend/batch_invariance.hpp"
@@ -33,7 +36,80 @@ std::vector<float> product(const std::vector<float>& a, const std::vector<std::i
   return c;
 }
 
+// The reference order: one std::fma chain over k in increasing order, from +0.
+std::vector<float> fma_chain(const float* a, std::int64_t lda, const float* b, std::int64_t ldb, std::int64_t m,
+                             std::int64_t n, std::int64_t k) {
+  std::vector<float> c(static_cast<std::size_t>(m * n));
+  for (std::int64_t i = 0; i < m; ++i)
+    for (std::int64_t j = 0; j < n; ++j) {
+      float sum = 0.0f;
+      for (std::int64_t l = 0; l < k; ++l) sum = std::fma(a[i * lda + l], b[j * ldb + l], sum);
+      c[static_cast<std::size_t>(i * n + j)] = sum;
+    }
+  return c;
+}
+
+// C by one of the kernel's paths, on this thread (the path need not be this machine's own).
+std::vector<float> by_path(backend::detail::BiIsa isa, const float* a, std::int64_t lda, const float* b,
+                           std::int64_t ldb, std::int64_t m, std::int64_t n, std::int64_t k) {
+  std::vector<float> at, c(static_cast<std::size_t>(m * n));
+  const std::int64_t v = backend::detail::bi_group_rows(isa), packed = v == 0 ? 0 : m - m % v;
+  if (packed > 0) backend::detail::bi_pack_groups(a, lda, packed, k, v, at);
+  backend::detail::bi_columns(isa, m, packed, at.data(), 0, n, k, a, lda, b, ldb, c.data(), n);
+  return c;
+}
+
+bool cpu_has(backend::detail::BiIsa isa) {
+  using backend::detail::BiIsa;
+  const BiIsa here = backend::detail::bi_isa();
+  return isa == BiIsa::Generic || isa == here || (isa == BiIsa::Avx2 && here == BiIsa::Avx512);
+}
+
 }  // namespace
+
+TEST_CASE("batch-invariant gemm: every element is the fma chain over k, on every path and for every kernel's shape") {
+  using backend::detail::BiIsa;
+  // m 1-40: the few-rows kernel alone for every row count it has (1-15 with AVX-512, 1-7 with
+  // AVX2), whole groups, groups then every remainder; n and k: tiles and units whole and cut (k
+  // tails of the 16- and 8-wide transposes, k = 0; n tails of the 24/8/1 tiles, of the 48-column
+  // unit).
+  const std::int64_t lda = 141, ldb = 139;  // strides beyond the rows: a slice of a wider matrix
+  const auto a = test::random_vector(static_cast<std::size_t>(40 * lda), 7);
+  const auto b = test::random_vector(static_cast<std::size_t>(101 * ldb), 8);
+  for (const BiIsa isa : {BiIsa::Avx512, BiIsa::Avx2, BiIsa::Generic}) {
+    if (!cpu_has(isa)) continue;
+    CAPTURE(static_cast<int>(isa));
+    for (std::int64_t m = 1; m <= 40; ++m)
+      for (const auto& [n, k] :
+           {std::pair<std::int64_t, std::int64_t>{101, 139}, {48, 16}, {33, 8}, {7, 1}, {25, 17}, {20, 0}}) {
+        CAPTURE(m);
+        CAPTURE(n);
+        CAPTURE(k);
+        const std::vector<float> c = by_path(isa, a.data(), lda, b.data(), ldb, m, n, k);
+        CHECK(std::memcmp(c.data(), fma_chain(a.data(), lda, b.data(), ldb, m, n, k).data(), c.size() * sizeof(float)) == 0);
+      }
+  }
+  // The public entry (this machine's path; the second above bi_parallel_macs, so on every
+  // thread of the rank) with strided C as well, whose gaps stay untouched.
+  const std::int64_t big_k = 300;
+  const auto big_a = test::random_vector(static_cast<std::size_t>(40 * big_k), 9);
+  const auto big_b = test::random_vector(static_cast<std::size_t>(101 * big_k), 10);
+  for (const auto& [m, n, k] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{3, 101, 139}, {40, 101, big_k}}) {
+    CAPTURE(m);
+    const bool big = k == big_k;
+    const float* pa = big ? big_a.data() : a.data();
+    const float* pb = big ? big_b.data() : b.data();
+    const std::int64_t la = big ? big_k : lda, lb = big ? big_k : ldb, ldc = n + 5;
+    if (big) CHECK(m * n * k >= backend::detail::bi_parallel_macs);
+    std::vector<float> c(static_cast<std::size_t>(m * ldc), -1.0f);
+    backend::gemm_nt_batch_invariant(Host{}, m, n, k, pa, la, pb, lb, c.data(), ldc);
+    const std::vector<float> ref = fma_chain(pa, la, pb, lb, m, n, k);
+    for (std::int64_t i = 0; i < m; ++i) {
+      CHECK(std::memcmp(c.data() + i * ldc, ref.data() + i * n, static_cast<std::size_t>(n) * sizeof(float)) == 0);
+      for (std::int64_t j = n; j < ldc; ++j) CHECK(c[static_cast<std::size_t>(i * ldc + j)] == -1.0f);
+    }
+  }
+}
 
 TEST_CASE("batch-invariant gemm: a row is bitwise the same for every m and position, on one thread or more") {
   for (const auto& [n, k] : {std::pair<std::int64_t, std::int64_t>{5, 7}, {33, 16}, {128, 129}, {67, 300}, {1100, 64}}) {

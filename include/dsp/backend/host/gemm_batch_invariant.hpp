@@ -9,16 +9,28 @@
 // depend on the batch it was decoded in (He et al., Thinking Machines Lab 2025, "Defeating
 // Nondeterminism in LLM Inference": fixed reduction order, no split-K).
 //
-// The order: each element accumulates its K products in L lanes (lane l takes k = l, l + L,
-// l + 2L, ...; the last partial chunk is zero-padded) by fused multiply-adds in increasing k,
-// then the lanes are summed by one fixed tree. L = 16 on CPUs with AVX-512, 8 with AVX2 + FMA,
-// and 8 lanes of separate multiplies and adds otherwise; a machine always takes the same path.
-// Register tiles of up to 4 rows (3 with AVX2) x 4 columns share loads; the tile shape
-// changes which elements are computed together, never the operations of one element. Columns
-// are split over the rank's threads (parallel_for), so a thread never changes an element's
-// order either.
+// The order: every element of C is one chain of fused multiply-adds in increasing k, from +0:
+// c = fma(a[i][0], b[j][0], 0), c = fma(a[i][1], b[j][1], c), ..., c = fma(a[i][k-1], b[j][k-1],
+// c). No lanes, no reduction tree, no split-K. Since an fma rounds once (IEEE 754), any code that
+// performs that chain gives the same bits: a naive loop of std::fma (the test's reference), this
+// kernel on AVX-512, on AVX2 + FMA or its portable path, on any number of threads, and the CUDA
+// kernel (backend/cuda/gemm_batch_invariant.cuh). So the kernel takes whichever implementation
+// suits the shape, and its results do not depend on the machine's vector width either.
+//
+// Implementations (x86; the portable path is a loop of std::fma):
+// - Whole groups of V rows (V = 16 with AVX-512, 8 with AVX2): vectorised over the group's
+//   rows. The group of A is packed transposed ([k, V], once per call), each element of B is
+//   broadcast, and a register tile holds V rows x NR columns (NR = 24, or 12 in AVX2's 16
+//   registers) of accumulators: the outer-product form, compute-efficient for a step of 16-64
+//   decoding tokens.
+// - The rows after them (fewer than V: one decoding token, or a few): vectorised over V columns
+//   instead, B's V x V blocks transposed in registers, so one token does not pay for V.
+// Columns go to the rank's threads in whole units of every tile width (parallel_for); a thread
+// never changes an element's chain.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <vector>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -29,124 +41,163 @@
 #include "dsp/backend/host/host.hpp"
 #include "dsp/backend/host/parallel_for.hpp"
 
-// Unrolls the register tiles' loops (gcc); nvcc's front end, which compiles this header in
-// .cu files for the host, does not know the pragma.
+// Unrolls the register tiles' loops whole (gcc), so that the accumulators stay in registers;
+// nvcc's front end, which compiles this header in .cu files for the host, does not know it.
 #if defined(__CUDACC__)
 #define DSP_BI_UNROLL
 #else
-#define DSP_BI_UNROLL _Pragma("GCC unroll 8")
+#define DSP_BI_UNROLL _Pragma("GCC unroll 32")
 #endif
 
 namespace dsp::backend {
 
 namespace detail {
 
-// Rows of A kept in cache while the column panels sweep over them.
-constexpr std::int64_t bi_rows_per_block = 64;
 // Below this many multiply-adds a GEMM runs on the calling thread alone: the demo model's
 // decode GEMMs (128 x 384 at one token, 5e4) would spend more on waking helpers than on work.
 constexpr std::int64_t bi_parallel_macs = 1 << 20;
+// Columns handed to a thread at a time, and swept by every kernel before the next: a multiple
+// of each tile width (24, 16, 12, 8), and B's rows of a unit (48 x k) stay in L2 meanwhile.
+constexpr std::int64_t bi_column_unit = 48;
 
 #ifdef DSP_HOST_X86_KERNELS
-// The 16 lanes of an AVX-512 register summed by one fixed tree (lane l with l + 8, then l + 4,
-// l + 2, l + 1), through memory: GCC 12's extract intrinsics warn of undefined operands.
-__attribute__((target("avx512f"))) inline float bi_sum16(__m512 v) {
-  alignas(64) float l[16];
-  _mm512_store_ps(l, v);
-  float h[8];
-  for (int i = 0; i < 8; ++i) h[i] = l[i] + l[i + 8];
-  const float q0 = h[0] + h[4], q1 = h[1] + h[5], q2 = h[2] + h[6], q3 = h[3] + h[7];
-  return (q0 + q2) + (q1 + q3);
+// Rows kernel, AVX-512: C[0..16, 0..NR) of one group of 16 rows, whose A is packed as
+// at[k][16].
+template <int NR>
+__attribute__((target("avx512f"))) void bi_rows_avx512(const float* at, const float* b, std::int64_t ldb, float* c,
+                                                        std::int64_t ldc, std::int64_t k) {
+  __m512 acc[NR];
+  DSP_BI_UNROLL for (int j = 0; j < NR; ++j) acc[j] = _mm512_setzero_ps();
+  for (std::int64_t kk = 0; kk < k; ++kk) {
+    const __m512 a = _mm512_loadu_ps(at + kk * 16);
+    DSP_BI_UNROLL for (int j = 0; j < NR; ++j) acc[j] = _mm512_fmadd_ps(a, _mm512_set1_ps(b[j * ldb + kk]), acc[j]);
+  }
+  alignas(64) float lanes[16];
+  for (int j = 0; j < NR; ++j) {
+    _mm512_store_ps(lanes, acc[j]);
+    for (int r = 0; r < 16; ++r) c[r * ldc + j] = lanes[r];
+  }
 }
 
-template <int MR, int NR>
-__attribute__((target("avx512f"))) void bi_tile_avx512(const float* a, std::int64_t lda, const float* b,
-                                                        std::int64_t ldb, float* c, std::int64_t ldc, std::int64_t k) {
-  __m512 acc[MR][NR];
-  DSP_BI_UNROLL for (int i = 0; i < MR; ++i)
-    DSP_BI_UNROLL for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
-  std::int64_t kk = 0;
-  for (; kk + 16 <= k; kk += 16) {
-    __m512 av[MR];
-    DSP_BI_UNROLL for (int i = 0; i < MR; ++i) av[i] = _mm512_loadu_ps(a + i * lda + kk);
-    DSP_BI_UNROLL for (int j = 0; j < NR; ++j) {
-      const __m512 bv = _mm512_loadu_ps(b + j * ldb + kk);
-      DSP_BI_UNROLL for (int i = 0; i < MR; ++i) acc[i][j] = _mm512_fmadd_ps(av[i], bv, acc[i][j]);
-    }
+// r[j] = 16 consecutive k of column j  ->  r[l] = the 16 columns at the l-th of those k. The
+// zero-masked forms of the shuffles: GCC 12's plain ones warn of an undefined operand.
+__attribute__((target("avx512f"))) inline void bi_transpose16(__m512 r[16]) {
+  constexpr __mmask16 all = 0xffff;
+  __m512 t[16];
+  for (int i = 0; i < 8; ++i) {  // pairs of columns interleaved
+    t[2 * i] = _mm512_maskz_unpacklo_ps(all, r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_maskz_unpackhi_ps(all, r[2 * i], r[2 * i + 1]);
   }
-  if (kk < k) {  // the zero-padded last chunk
-    const __mmask16 mask = static_cast<__mmask16>((1u << (k - kk)) - 1u);
-    __m512 av[MR];
-    DSP_BI_UNROLL for (int i = 0; i < MR; ++i) av[i] = _mm512_maskz_loadu_ps(mask, a + i * lda + kk);
-    DSP_BI_UNROLL for (int j = 0; j < NR; ++j) {
-      const __m512 bv = _mm512_maskz_loadu_ps(mask, b + j * ldb + kk);
-      DSP_BI_UNROLL for (int i = 0; i < MR; ++i) acc[i][j] = _mm512_fmadd_ps(av[i], bv, acc[i][j]);
-    }
+  for (int q = 0; q < 4; ++q) {  // quads: each 128-bit lane holds 4 columns at one k
+    const __m512d lo0 = _mm512_castps_pd(t[4 * q]), lo1 = _mm512_castps_pd(t[4 * q + 2]);
+    const __m512d hi0 = _mm512_castps_pd(t[4 * q + 1]), hi1 = _mm512_castps_pd(t[4 * q + 3]);
+    r[4 * q] = _mm512_castpd_ps(_mm512_maskz_unpacklo_pd(0xff, lo0, lo1));
+    r[4 * q + 1] = _mm512_castpd_ps(_mm512_maskz_unpackhi_pd(0xff, lo0, lo1));
+    r[4 * q + 2] = _mm512_castpd_ps(_mm512_maskz_unpacklo_pd(0xff, hi0, hi1));
+    r[4 * q + 3] = _mm512_castpd_ps(_mm512_maskz_unpackhi_pd(0xff, hi0, hi1));
   }
-  DSP_BI_UNROLL for (int i = 0; i < MR; ++i)
-    DSP_BI_UNROLL for (int j = 0; j < NR; ++j) c[i * ldc + j] = bi_sum16(acc[i][j]);
+  for (int s = 0; s < 4; ++s) {  // gather the four quads' 128-bit lanes
+    const __m512 e0 = _mm512_maskz_shuffle_f32x4(all, r[s], r[4 + s], 0x88);
+    const __m512 o0 = _mm512_maskz_shuffle_f32x4(all, r[s], r[4 + s], 0xdd);
+    const __m512 e1 = _mm512_maskz_shuffle_f32x4(all, r[8 + s], r[12 + s], 0x88);
+    const __m512 o1 = _mm512_maskz_shuffle_f32x4(all, r[8 + s], r[12 + s], 0xdd);
+    t[s] = _mm512_maskz_shuffle_f32x4(all, e0, e1, 0x88);
+    t[8 + s] = _mm512_maskz_shuffle_f32x4(all, e0, e1, 0xdd);
+    t[4 + s] = _mm512_maskz_shuffle_f32x4(all, o0, o1, 0x88);
+    t[12 + s] = _mm512_maskz_shuffle_f32x4(all, o0, o1, 0xdd);
+  }
+  for (int i = 0; i < 16; ++i) r[i] = t[i];
 }
 
-// The 8 lanes of an AVX register summed by one fixed tree: (l + l+4), then pairs, then the two.
-__attribute__((target("avx2,fma"))) inline float bi_sum_avx2(__m256 v) {
-  const __m128 half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 pairs = _mm_add_ps(half, _mm_movehl_ps(half, half));
-  return _mm_cvtss_f32(_mm_add_ss(pairs, _mm_shuffle_ps(pairs, pairs, 1)));
+// Few-rows kernel, AVX-512: C[0..M, 0..cols) (cols <= 16) from A's rows and B's rows directly.
+template <int M>
+__attribute__((target("avx512f"))) void bi_few_avx512(const float* a, std::int64_t lda, const float* b,
+                                                       std::int64_t ldb, float* c, std::int64_t ldc, std::int64_t cols,
+                                                       std::int64_t k) {
+  __m512 acc[M];
+  DSP_BI_UNROLL for (int i = 0; i < M; ++i) acc[i] = _mm512_setzero_ps();
+  for (std::int64_t kk = 0; kk < k; kk += 16) {
+    const std::int64_t len = std::min<std::int64_t>(16, k - kk);
+    const auto kmask = static_cast<__mmask16>((1u << len) - 1u);
+    __m512 r[16];
+    for (int j = 0; j < 16; ++j) r[j] = j < cols ? _mm512_maskz_loadu_ps(kmask, b + j * ldb + kk) : _mm512_setzero_ps();
+    bi_transpose16(r);
+    if (len == 16) {
+      DSP_BI_UNROLL for (int l = 0; l < 16; ++l)
+        DSP_BI_UNROLL for (int i = 0; i < M; ++i) acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(a[i * lda + kk + l]), r[l], acc[i]);
+    } else {  // only the k that exist: a padded fma could turn a -0 sum into +0
+      for (std::int64_t l = 0; l < len; ++l)
+        DSP_BI_UNROLL for (int i = 0; i < M; ++i) acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(a[i * lda + kk + l]), r[l], acc[i]);
+    }
+  }
+  const auto cmask = static_cast<__mmask16>((1u << cols) - 1u);
+  DSP_BI_UNROLL for (int i = 0; i < M; ++i) _mm512_mask_storeu_ps(c + i * ldc, cmask, acc[i]);
 }
 
-template <int MR, int NR>
-__attribute__((target("avx2,fma"))) void bi_tile_avx2(const float* a, std::int64_t lda, const float* b,
-                                                       std::int64_t ldb, float* c, std::int64_t ldc, std::int64_t k) {
-  __m256 acc[MR][NR];
-  DSP_BI_UNROLL for (int i = 0; i < MR; ++i)
-    DSP_BI_UNROLL for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_setzero_ps();
-  std::int64_t kk = 0;
-  for (; kk + 8 <= k; kk += 8) {
-    __m256 av[MR];
-    DSP_BI_UNROLL for (int i = 0; i < MR; ++i) av[i] = _mm256_loadu_ps(a + i * lda + kk);
-    DSP_BI_UNROLL for (int j = 0; j < NR; ++j) {
-      const __m256 bv = _mm256_loadu_ps(b + j * ldb + kk);
-      DSP_BI_UNROLL for (int i = 0; i < MR; ++i) acc[i][j] = _mm256_fmadd_ps(av[i], bv, acc[i][j]);
-    }
+// Rows kernel, AVX2: one group of 8 rows packed as at[k][8], NR columns (16 registers: NR = 12
+// accumulators, A's vector and a broadcast).
+template <int NR>
+__attribute__((target("avx2,fma"))) void bi_rows_avx2(const float* at, const float* b, std::int64_t ldb, float* c,
+                                                       std::int64_t ldc, std::int64_t k) {
+  __m256 acc[NR];
+  DSP_BI_UNROLL for (int j = 0; j < NR; ++j) acc[j] = _mm256_setzero_ps();
+  for (std::int64_t kk = 0; kk < k; ++kk) {
+    const __m256 a = _mm256_loadu_ps(at + kk * 8);
+    DSP_BI_UNROLL for (int j = 0; j < NR; ++j) acc[j] = _mm256_fmadd_ps(a, _mm256_broadcast_ss(b + j * ldb + kk), acc[j]);
   }
-  if (kk < k) {  // the zero-padded last chunk
-    alignas(32) std::int32_t lanes[8];
-    DSP_BI_UNROLL for (int l = 0; l < 8; ++l) lanes[l] = kk + l < k ? -1 : 0;
-    const __m256i mask = _mm256_load_si256(reinterpret_cast<const __m256i*>(lanes));
-    __m256 av[MR];
-    DSP_BI_UNROLL for (int i = 0; i < MR; ++i) av[i] = _mm256_maskload_ps(a + i * lda + kk, mask);
-    DSP_BI_UNROLL for (int j = 0; j < NR; ++j) {
-      const __m256 bv = _mm256_maskload_ps(b + j * ldb + kk, mask);
-      DSP_BI_UNROLL for (int i = 0; i < MR; ++i) acc[i][j] = _mm256_fmadd_ps(av[i], bv, acc[i][j]);
-    }
+  alignas(32) float lanes[8];
+  for (int j = 0; j < NR; ++j) {
+    _mm256_store_ps(lanes, acc[j]);
+    for (int r = 0; r < 8; ++r) c[r * ldc + j] = lanes[r];
   }
-  DSP_BI_UNROLL for (int i = 0; i < MR; ++i)
-    DSP_BI_UNROLL for (int j = 0; j < NR; ++j) c[i * ldc + j] = bi_sum_avx2(acc[i][j]);
+}
+
+// r[j] = 8 consecutive k of column j  ->  r[l] = the 8 columns at the l-th of those k.
+__attribute__((target("avx2,fma"))) inline void bi_transpose8(__m256 r[8]) {
+  __m256 t[8], q[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int h = 0; h < 2; ++h) {
+    q[4 * h] = _mm256_shuffle_ps(t[4 * h], t[4 * h + 2], 0x44);
+    q[4 * h + 1] = _mm256_shuffle_ps(t[4 * h], t[4 * h + 2], 0xee);
+    q[4 * h + 2] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], 0x44);
+    q[4 * h + 3] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], 0xee);
+  }
+  for (int s = 0; s < 4; ++s) {
+    r[s] = _mm256_permute2f128_ps(q[s], q[4 + s], 0x20);
+    r[4 + s] = _mm256_permute2f128_ps(q[s], q[4 + s], 0x31);
+  }
+}
+
+// Few-rows kernel, AVX2: C[0..M, 0..cols) (cols <= 8).
+template <int M>
+__attribute__((target("avx2,fma"))) void bi_few_avx2(const float* a, std::int64_t lda, const float* b,
+                                                      std::int64_t ldb, float* c, std::int64_t ldc, std::int64_t cols,
+                                                      std::int64_t k) {
+  __m256 acc[M];
+  DSP_BI_UNROLL for (int i = 0; i < M; ++i) acc[i] = _mm256_setzero_ps();
+  alignas(32) std::int32_t kmask_lanes[8], cmask_lanes[8];
+  for (int l = 0; l < 8; ++l) cmask_lanes[l] = l < cols ? -1 : 0;
+  for (std::int64_t kk = 0; kk < k; kk += 8) {
+    const std::int64_t len = std::min<std::int64_t>(8, k - kk);
+    __m256 r[8];
+    if (len == 8) {
+      for (int j = 0; j < 8; ++j) r[j] = j < cols ? _mm256_loadu_ps(b + j * ldb + kk) : _mm256_setzero_ps();
+    } else {
+      for (int l = 0; l < 8; ++l) kmask_lanes[l] = l < len ? -1 : 0;
+      const __m256i kmask = _mm256_load_si256(reinterpret_cast<const __m256i*>(kmask_lanes));
+      for (int j = 0; j < 8; ++j) r[j] = j < cols ? _mm256_maskload_ps(b + j * ldb + kk, kmask) : _mm256_setzero_ps();
+    }
+    bi_transpose8(r);
+    for (std::int64_t l = 0; l < len; ++l)
+      DSP_BI_UNROLL for (int i = 0; i < M; ++i) acc[i] = _mm256_fmadd_ps(_mm256_broadcast_ss(a + i * lda + kk + l), r[l], acc[i]);
+  }
+  const __m256i cmask = _mm256_load_si256(reinterpret_cast<const __m256i*>(cmask_lanes));
+  DSP_BI_UNROLL for (int i = 0; i < M; ++i) _mm256_maskstore_ps(c + i * ldc, cmask, acc[i]);
 }
 #endif
-
-// The portable path: 8 lanes of separate multiplies and adds, summed by the same tree as AVX2.
-template <int MR, int NR>
-void bi_tile_generic(const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float* c, std::int64_t ldc,
-                     std::int64_t k) {
-  float acc[MR][NR][8] = {};
-  for (std::int64_t kk = 0; kk < k; kk += 8) {
-    DSP_BI_UNROLL for (int l = 0; l < 8; ++l) {
-      if (kk + l >= k) break;
-      DSP_BI_UNROLL for (int i = 0; i < MR; ++i)
-        DSP_BI_UNROLL for (int j = 0; j < NR; ++j) {
-          const float product = a[i * lda + kk + l] * b[j * ldb + kk + l];
-          acc[i][j][l] = acc[i][j][l] + product;
-        }
-    }
-  }
-  DSP_BI_UNROLL for (int i = 0; i < MR; ++i)
-    DSP_BI_UNROLL for (int j = 0; j < NR; ++j) {
-      const float* v = acc[i][j];
-      const float h0 = v[0] + v[4], h1 = v[1] + v[5], h2 = v[2] + v[6], h3 = v[3] + v[7];
-      c[i * ldc + j] = (h0 + h2) + (h1 + h3);
-    }
-}
 
 enum class BiIsa { Generic, Avx2, Avx512 };
 
@@ -164,53 +215,79 @@ inline BiIsa bi_isa() {
 #endif
 }
 
-using BiTile = void (*)(const float*, std::int64_t, const float*, std::int64_t, float*, std::int64_t, std::int64_t);
+// Rows in a group of the rows kernel: its vector width (the portable path packs none).
+inline std::int64_t bi_group_rows(BiIsa isa) { return isa == BiIsa::Avx512 ? 16 : isa == BiIsa::Avx2 ? 8 : 0; }
 
-// The tile kernel of `mr` rows x `nr` columns (1..4 each) for this machine.
-template <int MR>
-BiTile bi_tile_of_rows(BiIsa isa, std::int64_t nr) {
-  switch (isa) {
+// A's rows [0, rows) (whole groups of v) packed per group as at[group][k][v].
+inline void bi_pack_groups(const float* a, std::int64_t lda, std::int64_t rows, std::int64_t k, std::int64_t v,
+                           std::vector<float>& at) {
+  at.resize(static_cast<std::size_t>(rows * k));
+  for (std::int64_t i = 0; i < rows; ++i) {
+    float* dst = at.data() + (i / v) * k * v + i % v;
+    const float* src = a + i * lda;
+    for (std::int64_t kk = 0; kk < k; ++kk) dst[kk * v] = src[kk];
+  }
+}
+
+using BiRows = void (*)(const float*, const float*, std::int64_t, float*, std::int64_t, std::int64_t);
+using BiFew = void (*)(const float*, std::int64_t, const float*, std::int64_t, float*, std::int64_t, std::int64_t,
+                       std::int64_t);
+
+// The rows kernel of this machine for tiles of nr columns (its widest, a third of it, or 1).
+inline BiRows bi_rows_kernel(BiIsa isa, std::int64_t nr) {
 #ifdef DSP_HOST_X86_KERNELS
-    case BiIsa::Avx512: {
-      constexpr BiTile t[] = {bi_tile_avx512<MR, 1>, bi_tile_avx512<MR, 2>, bi_tile_avx512<MR, 3>, bi_tile_avx512<MR, 4>};
-      return t[nr - 1];
-    }
-    case BiIsa::Avx2: {
-      constexpr BiTile t[] = {bi_tile_avx2<MR, 1>, bi_tile_avx2<MR, 2>, bi_tile_avx2<MR, 3>, bi_tile_avx2<MR, 4>};
-      return t[nr - 1];
-    }
+  if (isa == BiIsa::Avx512) return nr == 24 ? bi_rows_avx512<24> : nr == 8 ? bi_rows_avx512<8> : bi_rows_avx512<1>;
+  if (isa == BiIsa::Avx2) return nr == 12 ? bi_rows_avx2<12> : nr == 4 ? bi_rows_avx2<4> : bi_rows_avx2<1>;
 #endif
-    default: {
-      constexpr BiTile t[] = {bi_tile_generic<MR, 1>, bi_tile_generic<MR, 2>, bi_tile_generic<MR, 3>,
-                              bi_tile_generic<MR, 4>};
-      return t[nr - 1];
-    }
-  }
-}
-inline BiTile bi_tile(BiIsa isa, std::int64_t mr, std::int64_t nr) {
-  switch (mr) {
-    case 1: return bi_tile_of_rows<1>(isa, nr);
-    case 2: return bi_tile_of_rows<2>(isa, nr);
-    case 3: return bi_tile_of_rows<3>(isa, nr);
-    default: return bi_tile_of_rows<4>(isa, nr);
-  }
+  (void)isa, (void)nr;
+  return nullptr;
 }
 
-// Columns [n0, n1) of C, every row.
-inline void bi_columns(BiIsa isa, std::int64_t m, std::int64_t n0, std::int64_t n1, std::int64_t k, const float* a,
-                       std::int64_t lda, const float* b, std::int64_t ldb, float* c, std::int64_t ldc) {
-  // AVX2's 16 registers hold a 3 x 4 tile's 12 accumulators, 3 rows of A and a row of B; a
-  // 4 x 4 tile would spill accumulators to the stack (measured: half the speed).
-  const std::int64_t max_rows = isa == BiIsa::Avx2 ? 3 : 4;
-  for (std::int64_t r0 = 0; r0 < m; r0 += bi_rows_per_block) {
-    const std::int64_t r1 = std::min(m, r0 + bi_rows_per_block);
-    for (std::int64_t j = n0; j < n1; j += 4) {
-      const std::int64_t nr = std::min<std::int64_t>(4, n1 - j);
-      for (std::int64_t i = r0; i < r1; i += max_rows) {
-        const std::int64_t mr = std::min<std::int64_t>(max_rows, r1 - i);
-        bi_tile(isa, mr, nr)(a + i * lda, lda, b + j * ldb, ldb, c + i * ldc + j, ldc, k);
+// The few-rows kernel of this machine for m rows (1 <= m < bi_group_rows).
+inline BiFew bi_few_kernel(BiIsa isa, std::int64_t m) {
+#ifdef DSP_HOST_X86_KERNELS
+  if (isa == BiIsa::Avx512) {
+    constexpr BiFew k[] = {bi_few_avx512<1>,  bi_few_avx512<2>,  bi_few_avx512<3>,  bi_few_avx512<4>,  bi_few_avx512<5>,
+                           bi_few_avx512<6>,  bi_few_avx512<7>,  bi_few_avx512<8>,  bi_few_avx512<9>,  bi_few_avx512<10>,
+                           bi_few_avx512<11>, bi_few_avx512<12>, bi_few_avx512<13>, bi_few_avx512<14>, bi_few_avx512<15>};
+    return k[m - 1];
+  }
+  if (isa == BiIsa::Avx2) {
+    constexpr BiFew k[] = {bi_few_avx2<1>, bi_few_avx2<2>, bi_few_avx2<3>, bi_few_avx2<4>,
+                           bi_few_avx2<5>, bi_few_avx2<6>, bi_few_avx2<7>};
+    return k[m - 1];
+  }
+#endif
+  (void)isa, (void)m;
+  return nullptr;
+}
+
+// Columns [n0, n1) of C, every row; `at` holds A's first `packed` rows (bi_pack_groups).
+inline void bi_columns(BiIsa isa, std::int64_t m, std::int64_t packed, const float* at, std::int64_t n0,
+                       std::int64_t n1, std::int64_t k, const float* a, std::int64_t lda, const float* b,
+                       std::int64_t ldb, float* c, std::int64_t ldc) {
+  if (isa == BiIsa::Generic) {
+    for (std::int64_t i = 0; i < m; ++i)
+      for (std::int64_t j = n0; j < n1; ++j) {
+        float sum = 0.0f;
+        for (std::int64_t kk = 0; kk < k; ++kk) sum = std::fma(a[i * lda + kk], b[j * ldb + kk], sum);
+        c[i * ldc + j] = sum;
       }
+    return;
+  }
+  const std::int64_t v = bi_group_rows(isa), widest = isa == BiIsa::Avx512 ? 24 : 12;
+  const BiFew few = m > packed ? bi_few_kernel(isa, m - packed) : nullptr;
+  for (std::int64_t u0 = n0; u0 < n1; u0 += bi_column_unit) {
+    const std::int64_t u1 = std::min(n1, u0 + bi_column_unit);
+    for (std::int64_t j = u0; j < u1;) {
+      const std::int64_t nr = u1 - j >= widest ? widest : u1 - j >= widest / 3 ? widest / 3 : 1;
+      const BiRows rows = bi_rows_kernel(isa, nr);
+      for (std::int64_t r0 = 0; r0 < packed; r0 += v) rows(at + r0 * k, b + j * ldb, ldb, c + r0 * ldc + j, ldc, k);
+      j += nr;
     }
+    if (few)
+      for (std::int64_t j = u0; j < u1; j += v)
+        few(a + packed * lda, lda, b + j * ldb, ldb, c + packed * ldc + j, ldc, std::min(v, u1 - j), k);
   }
 }
 
@@ -218,22 +295,31 @@ inline void bi_columns(BiIsa isa, std::int64_t m, std::int64_t n0, std::int64_t 
 
 /// C[m, n] = A[m, k] B[n, k]^T, every matrix row-major with row strides lda, ldb, ldc
 /// (A [tokens, in] activations, B [out, in] a linear layer's weight). Overwrites C. Each
-/// element of C is computed by the same operations whatever m is and wherever its row is in
-/// A (the order is in the header comment), so a row of C depends on its row of A and on B
-/// alone, bitwise. Within ~K ulp of an fp32 GEMM. Throws Error for negative sizes or strides
+/// element of C is one chain of fused multiply-adds over k in increasing order (header
+/// comment), whatever m is, wherever its row is in A and on whichever machine or thread count,
+/// so a row of C depends on its row of A and on B alone, bitwise, and equals a loop of std::fma
+/// (within fp32's error bound of any other fp32 GEMM: both are k-term sums in some order). Throws Error for negative sizes or strides
 /// shorter than a row (as gemm).
 inline void gemm_nt_batch_invariant(Host h, std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
                                     std::int64_t lda, const float* b, std::int64_t ldb, float* c, std::int64_t ldc) {
   if (!detail::check_gemm_args(false, true, m, n, k, lda, ldb, ldc)) return;
   const detail::BiIsa isa = detail::bi_isa();
   const std::int64_t threads = m * n * k < detail::bi_parallel_macs ? 1 : host_threads(h);
-  // Column ranges of whole 4-column panels, one per thread.
-  const std::int64_t panels = (n + 3) / 4, per = (panels + threads - 1) / threads;
-  const std::int64_t tasks = (panels + per - 1) / per;
+  const std::int64_t v = detail::bi_group_rows(isa), packed = v == 0 ? 0 : m - m % v;
+  thread_local std::vector<float> groups;  // A's packed groups (this thread's buffer)
+  if (packed > 0) detail::bi_pack_groups(a, lda, packed, k, v, groups);
+  const float* at = groups.data();  // read by every thread of the call: by pointer, not by name
+  // Column ranges of whole units, one per thread.
+  const std::int64_t units = (n + detail::bi_column_unit - 1) / detail::bi_column_unit;
+  const std::int64_t per = (units + threads - 1) / threads, tasks = (units + per - 1) / per;
   parallel_for(h, tasks, [&](std::int64_t t) {
-    const std::int64_t n0 = t * per * 4, n1 = std::min(n, (t + 1) * per * 4);
-    detail::bi_columns(isa, m, n0, n1, k, a, lda, b, ldb, c, ldc);
+    const std::int64_t n0 = t * per * detail::bi_column_unit;
+    const std::int64_t n1 = std::min(n, (t + 1) * per * detail::bi_column_unit);
+    detail::bi_columns(isa, m, packed, at, n0, n1, k, a, lda, b, ldb, c, ldc);
   });
+  // Kept for the next call (a decode step's GEMMs pack the same sizes), unless a long prefill
+  // chunk made it large.
+  if (groups.capacity() > (std::size_t{1} << 20)) std::vector<float>().swap(groups);
 }
 
 }  // namespace dsp::backend
