@@ -20,8 +20,10 @@
 #include "dsp/backend/cuda/elementwise.cuh"
 #include "dsp/backend/cuda/embedding.cuh"
 #include "dsp/backend/cuda/flash_attention.cuh"
+#include "dsp/backend/cuda/gemm_batch_invariant.cuh"
 #include "dsp/backend/cuda/gemm_rounded.cuh"
 #include "dsp/backend/cuda/moe_permute.cuh"
+#include "dsp/backend/cuda/paged_attention.cuh"
 #include "dsp/backend/cuda/rms_norm.cuh"
 #include "dsp/backend/cuda/rope.cuh"
 #include "dsp/backend/cuda/rope_interleaved.cuh"
@@ -29,4 +31,5 @@
 #include "dsp/backend/cuda/sigmoid.cuh"
 #include "dsp/backend/cuda/softmax.cuh"
 #include "dsp/backend/cuda/swiglu.cuh"
+#include "dsp/backend/cuda/transpose.cuh"
 #endif

@@ -14,6 +14,7 @@
 #include "dsp/backend/host/sigmoid.hpp"
 #include "dsp/backend/host/softmax.hpp"
 #include "dsp/backend/host/swiglu.hpp"
+#include "dsp/backend/host/transpose.hpp"
 // Ops written once for every backend on top of the ones above.
 #include "dsp/backend/attention.hpp"
 #include "dsp/backend/linear.hpp"

@@ -4,8 +4,9 @@
 // inside a MatmulPrecisionScope), found by argument-dependent lookup on the backend tag; the
 // Host ops come with this header, another backend's with that backend's headers
 // (backend/cuda/gemm.hpp, backend/cuda/gemm_rounded.cuh: with backend::Cuda these ops need a
-// .cu file compiled by nvcc, for gemm_rounded's kernel). Inside a BatchInvariantScope
-// (backend/batch_invariance.hpp) the forward runs the backend's gemm_nt_batch_invariant.
+// .cu file compiled by nvcc, for gemm_rounded's kernel; backend/cuda/gemm_batch_invariant.cuh
+// too). Inside a BatchInvariantScope (backend/batch_invariance.hpp) the forward runs the
+// backend's gemm_nt_batch_invariant.
 #include <cstdint>
 
 #include "dsp/backend/batch_invariance.hpp"
@@ -17,20 +18,18 @@ namespace dsp::backend {
 /// y [tokens, out] = x [tokens, in] * w [out, in]^T with row strides ldx, ldw, ldy (a slice of
 /// wider matrices: one head's columns). Overwrites y. In a BatchInvariantScope each row of y
 /// depends on its row of x alone, bitwise (fp32 only: throws Error inside a 16-bit
-/// MatmulPrecisionScope, which serving does not open, and with a backend that has no
-/// gemm_nt_batch_invariant).
+/// MatmulPrecisionScope, which serving does not open). Every backend's
+/// gemm_nt_batch_invariant must be visible where this is instantiated, as its gemm_rounded
+/// (with backend::Cuda: backend/cuda/gemm_batch_invariant.cuh in a .cu file), so that every
+/// translation unit instantiates the same function.
 template <class Backend>
 void linear_forward_strided(Backend h, const float* x, std::int64_t ldx, const float* w, std::int64_t ldw, float* y,
                             std::int64_t ldy, std::int64_t tokens, std::int64_t in, std::int64_t out) {
   if (batch_invariant()) {
     DSP_CHECK(matmul_precision() == MatmulPrecision::Fp32,
               "linear_forward: the batch-invariant GEMM multiplies in fp32 only (a 16-bit matmul scope is open)");
-    if constexpr (requires { gemm_nt_batch_invariant(h, tokens, out, in, x, ldx, w, ldw, y, ldy); }) {
-      gemm_nt_batch_invariant(h, tokens, out, in, x, ldx, w, ldw, y, ldy);
-      return;
-    } else {
-      throw Error("linear_forward: this backend has no batch-invariant GEMM (gemm_nt_batch_invariant)");
-    }
+    gemm_nt_batch_invariant(h, tokens, out, in, x, ldx, w, ldw, y, ldy);
+    return;
   }
   matmul(h, false, true, tokens, out, in, 1.0f, x, ldx, w, ldw, 0.0f, y, ldy);
 }

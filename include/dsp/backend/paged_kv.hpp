@@ -67,4 +67,15 @@ struct PagedKvLayer {
   const std::int32_t* token_seq = nullptr;    ///< [tokens]: the block-table row of each token
 };
 
+namespace detail {
+// Where query head h finds its key and value in a pool row of `row` values: the key of kv
+// head g = h / (q_heads / kv_heads) at g * key_dim, its value at value_base + g * value_dim.
+// GQA: row [2, kv_heads, head_dim] (value_base = kv_heads * head_dim); MLA's latent: one
+// shared head whose key is the whole row and whose value its first value_dim values.
+struct PagedRowLayout {
+  std::int64_t row, kv_heads, key_dim, value_dim, value_base;
+  float scale;
+};
+}  // namespace detail
+
 }  // namespace dsp::backend

@@ -79,16 +79,8 @@ class Attention {
       DSP_CHECK(!ctx.masks_documents(), "attention: document masks (key_begin, mask_positions) are for training; "
                                         "a paged serving batch keeps each sequence apart already");
       const backend::PagedKvLayer kv = ctx.paged->layer(layer_);
-      if constexpr (requires {
-                      paged_kv_write(Backend{}, kv, k.data(), v.data(), n, kv_heads_, d_);
-                      paged_attention_forward(Backend{}, kv, q.data(), positions.data(), n, heads_, kv_heads_, d_,
-                                              context.data());
-                    }) {
-        paged_kv_write(Backend{}, kv, k.data(), v.data(), n, kv_heads_, d_);
-        paged_attention_forward(Backend{}, kv, q.data(), positions.data(), n, heads_, kv_heads_, d_, context.data());
-      } else {
-        throw Error("serving: this backend has no paged attention op (paged_kv_write, paged_attention_forward)");
-      }
+      paged_kv_write(Backend{}, kv, k.data(), v.data(), n, kv_heads_, d_);
+      paged_attention_forward(Backend{}, kv, q.data(), positions.data(), n, heads_, kv_heads_, d_, context.data());
     } else if (flash_) {
       if (saved) lse = Tensor({ctx.batch, heads_, ctx.seq});
       flash_attention_forward(Backend{}, q.data(), k.data(), v.data(), mask.last, ctx.batch, ctx.seq, ctx.seq,

@@ -36,6 +36,7 @@
 #include "dsp/backend/host/elementwise.hpp"
 #include "dsp/backend/host/paged_attention.hpp"
 #include "dsp/backend/host/rope_interleaved.hpp"
+#include "dsp/backend/host/transpose.hpp"
 #include "dsp/backend/linear.hpp"
 #include "dsp/precision/activation_precision.hpp"
 #include "dsp/model/config.hpp"
@@ -119,8 +120,7 @@ class MLAttention {
   Tensor forward(const ForwardContext& ctx, const Tensor& x, Saved* saved) {
     if (ctx.paged) {
       DSP_CHECK(!saved, "MLA: a paged serving batch keeps nothing for backward");
-      if constexpr (std::is_same_v<Backend, backend::Host>) return forward_paged(ctx, x);
-      else throw Error("MLA: no paged latent attention op on this backend");
+      return forward_paged(ctx, x);
     }
     DSP_CHECK(!ctx.masks_documents(), "MLA: packed-document masks (key_begin, mask_positions) are not supported yet");
     const std::int64_t n = ctx.tokens(), qk = nope_ + rope_;
@@ -268,8 +268,7 @@ class MLAttention {
     Tensor w_uk_t({kv_lora_, nope_});                  // one head's W_UK^T, the [out, in] linear_forward takes
     Tensor q_abs({n, heads_ * lw});                    // [q_nope W_UK | q_pe] per head
     for (std::int64_t h = 0; h < heads_; ++h) {
-      for (std::int64_t i = 0; i < nope_; ++i)
-        for (std::int64_t r = 0; r < kv_lora_; ++r) w_uk_t[r * nope_ + i] = w_kv[(h * kvw + i) * kv_lora_ + r];
+      transpose(Backend{}, nope_, kv_lora_, w_kv + h * kvw * kv_lora_, kv_lora_, w_uk_t.data(), nope_);
       linear_forward_strided(Backend{}, q.data() + h * qk, heads_ * qk, w_uk_t.data(), nope_, q_abs.data() + h * lw,
                              heads_ * lw, n, nope_, kv_lora_);
       copy_columns(Backend{}, q.data(), heads_ * qk, h * qk + nope_, q_abs.data(), heads_ * lw, h * lw + kv_lora_, n,

@@ -1,6 +1,6 @@
 // CUDA gemm (cuBLAS) against the Host gemm (OpenBLAS) on the same inputs: fp32, bf16 in with
 // fp32 out, and bf16 in and out; every transpose combination, padded strides, alpha and beta.
-// Then gemm_rounded (16-bit-rounded inputs), the linear layer (the same template on both
+// Then gemm_rounded (16-bit-rounded inputs), copy_columns and transpose, the linear layer (the same template on both
 // backends, in fp32 and in a bf16 MatmulPrecisionScope) and the elementwise ops and fp64
 // reductions.
 #include <doctest/doctest.h>
@@ -15,13 +15,16 @@
 #include "dsp/backend/cuda/copy_columns.hpp"
 #include "dsp/backend/cuda/elementwise.cuh"
 #include "dsp/backend/cuda/gemm.hpp"
+#include "dsp/backend/cuda/gemm_batch_invariant.cuh"
 #include "dsp/backend/cuda/gemm_rounded.cuh"
 #include "dsp/backend/cuda/memory.hpp"
 #include "dsp/backend/cuda/stream.hpp"
+#include "dsp/backend/cuda/transpose.cuh"
 #include "dsp/backend/host/copy_columns.hpp"
 #include "dsp/backend/host/elementwise.hpp"
 #include "dsp/backend/host/gemm.hpp"
 #include "dsp/backend/host/gemm_rounded.hpp"
+#include "dsp/backend/host/transpose.hpp"
 #include "dsp/backend/linear.hpp"
 #include "dsp/backend/matmul_precision.hpp"
 
@@ -212,6 +215,18 @@ TEST_CASE("copy_columns writes exactly the addressed block, as the Host op") {
   copy_columns(b, d_src.data(), src_cols, 4, d_dst.data(), dst_cols, 2, rows, 6);
   CHECK(on_host(d_dst) == dst);
   CHECK(dst != dst0);
+}
+
+TEST_CASE("transpose writes exactly the addressed block, as the Host op") {
+  const Cuda b{};
+  const std::int64_t rows = 9, cols = 5, ld_src = 13, ld_dst = 11;  // a block of each, strided
+  const auto src = random_vector(rows * ld_src, 21), dst0 = random_vector(cols * ld_dst, 22);
+  std::vector<float> dst = dst0;
+  dsp::backend::transpose(Host{}, rows, cols, src.data() + 2, ld_src, dst.data() + 1, ld_dst);
+  auto d_src = on_device(b, src), d_dst = on_device(b, dst0);
+  dsp::backend::transpose(b, rows, cols, d_src.data() + 2, ld_src, d_dst.data() + 1, ld_dst);
+  CHECK(on_host(d_dst) == dst);
+  CHECK(dst[1 * ld_dst + 1 + 3] == src[3 * ld_src + 2 + 1]);  // element (3, 1) moved to (1, 3)
 }
 
 TEST_CASE("gemm_rounded equals the Host gemm_rounded (bf16 and fp16 inputs, fp32 accumulation), and so do the linear ops in a MatmulPrecisionScope") {

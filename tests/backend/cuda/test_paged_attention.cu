@@ -2,7 +2,8 @@
 // the K/V write gives the Host op's bits in fp32, bf16 and fp16 pools; attention over a ragged
 // batch of decode tokens, whole prompts and a chunk, through shuffled block tables, with GQA and a
 // head_dim (80) that leaves lanes idle; and each query's output bitwise the same alone and in
-// the batch on the device.
+// the batch on the device. The same for MLA's latent rows (paged_rows_write and
+// paged_latent_attention_forward: 576 values as DeepSeek-V3's, and 20).
 //
 // Tolerance: the two ops differ in the order of the q . k sums only (8 lanes then a tree on the
 // host, 32 lanes then a butterfly of shuffles here) and in expf's last bit: ~1e-7 relative per
@@ -11,6 +12,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <type_traits>
 #include <vector>
@@ -135,11 +137,80 @@ TEST_CASE("CUDA paged attention equals the Host op (fp32, bf16, fp16 pools) and 
   check_against_host<fp16>();
 }
 
-TEST_CASE("CUDA paged attention: a q_heads not a multiple of kv_heads and a head_dim over 256 throw") {
+// MLA's latent rows (DeepSeek-V3's width: kv_lora 512 + rope 64, over the kernel's 256 of a
+// GQA head; and a narrow one), written by paged_rows_write and attended by every query head as
+// one shared key/value head: the Host op's bits in the pool, its outputs within 1e-5, and each
+// query alone bitwise its row of the batch.
+template <class T>
+void check_latent_against_host(std::int64_t width, std::int64_t value_dim) {
+  CAPTURE(backend::kv_cache_dtype_name(dtype_of<T>()));
+  CAPTURE(width);
+  const Case c;
+  const Cuda b{};
+  const auto tokens = static_cast<std::int64_t>(c.slots.size()), queries = static_cast<std::int64_t>(c.positions.size());
+  const float scale = 1.0f / std::sqrt(static_cast<float>(width));
+  const auto latent = test::random_vector(static_cast<std::size_t>(tokens * width), 14, -2.0f, 2.0f);
+  const auto q = test::random_vector(static_cast<std::size_t>(queries * kHeads * width), 15, -0.5f, 0.5f);
+  std::vector<T> pool(static_cast<std::size_t>(c.blocks * kBlock * width), T{});
+  const backend::PagedKvLayer host_kv{pool.data(), dtype_of<T>(), kBlock, c.tables.data(), c.max_blocks,
+                                      c.slots.data(), c.seq_of_token.data()};
+  paged_rows_write(Host{}, host_kv, latent.data(), tokens, width, width, 0);
+  const backend::PagedKvLayer host_q{pool.data(), dtype_of<T>(), kBlock, c.tables.data(), c.max_blocks, nullptr,
+                                     c.query_seq.data()};
+  std::vector<float> want(static_cast<std::size_t>(queries * kHeads * value_dim));
+  paged_latent_attention_forward(Host{}, host_q, q.data(), c.positions.data(), queries, kHeads, width, value_dim, scale,
+                                 want.data());
+  DeviceBuffer<T> d_pool(b, pool.size());
+  cudaMemsetAsync(d_pool.data(), 0, pool.size() * sizeof(T), b.stream);
+  auto d_tables = on_device(b, c.tables), d_slots = on_device(b, c.slots), d_seq = on_device(b, c.seq_of_token);
+  auto d_qseq = on_device(b, c.query_seq), d_pos = on_device(b, c.positions);
+  auto d_latent = on_device(b, latent), d_q = on_device(b, q);
+  const backend::PagedKvLayer dev_kv{d_pool.data(), dtype_of<T>(), kBlock, d_tables.data(), c.max_blocks,
+                                     d_slots.data(), d_seq.data()};
+  paged_rows_write(b, dev_kv, d_latent.data(), tokens, width, width, 0);
+  const std::vector<T> got_pool = on_host(d_pool);
+  bool same_bits = true;
+  for (std::size_t i = 0; i < pool.size(); ++i) {
+    if constexpr (std::is_same_v<T, float>) same_bits = same_bits && got_pool[i] == pool[i];
+    else same_bits = same_bits && got_pool[i].bits == pool[i].bits;
+  }
+  CHECK(same_bits);
+  const backend::PagedKvLayer dev_q{d_pool.data(), dtype_of<T>(), kBlock, d_tables.data(), c.max_blocks, nullptr,
+                                    d_qseq.data()};
+  DeviceBuffer<float> d_out(b, want.size());
+  paged_latent_attention_forward(b, dev_q, d_q.data(), d_pos.data(), queries, kHeads, width, value_dim, scale,
+                                 d_out.data());
+  const std::vector<float> together = on_host(d_out);
+  CHECK(test::relative_error(together, want) < 1e-5);
+  for (std::int64_t t = 0; t < queries; t += 5) {
+    CAPTURE(t);
+    const std::vector<std::int32_t> pos{c.positions[static_cast<std::size_t>(t)]},
+        seq{c.query_seq[static_cast<std::size_t>(t)]};
+    const std::vector<float> qt(q.begin() + t * kHeads * width, q.begin() + (t + 1) * kHeads * width);
+    auto d_pos1 = on_device(b, pos), d_seq1 = on_device(b, seq);
+    auto d_q1 = on_device(b, qt);
+    const backend::PagedKvLayer one{d_pool.data(), dtype_of<T>(), kBlock, d_tables.data(), c.max_blocks, nullptr,
+                                    d_seq1.data()};
+    DeviceBuffer<float> d_alone(b, static_cast<std::size_t>(kHeads * value_dim));
+    paged_latent_attention_forward(b, one, d_q1.data(), d_pos1.data(), 1, kHeads, width, value_dim, scale,
+                                   d_alone.data());
+    const std::vector<float> alone = on_host(d_alone);
+    CHECK(std::equal(alone.begin(), alone.end(), together.begin() + t * kHeads * value_dim));
+  }
+}
+
+TEST_CASE("CUDA paged latent attention (MLA) equals the Host op (fp32, bf16 pools) and is batch-invariant") {
+  check_latent_against_host<float>(576, 512);
+  check_latent_against_host<bf16>(576, 512);
+  check_latent_against_host<float>(20, 16);
+}
+
+TEST_CASE("CUDA paged attention: a q_heads not a multiple of kv_heads, a head_dim over 640, a latent value wider than its row throw") {
   const Cuda b{};
   const backend::PagedKvLayer kv{};
   CHECK_THROWS_AS(paged_attention_forward(b, kv, nullptr, nullptr, 1, 3, 2, 64, nullptr), Error);
-  CHECK_THROWS_AS(paged_attention_forward(b, kv, nullptr, nullptr, 1, 4, 2, 257, nullptr), Error);
+  CHECK_THROWS_AS(paged_attention_forward(b, kv, nullptr, nullptr, 1, 4, 2, 641, nullptr), Error);
+  CHECK_THROWS_AS(paged_latent_attention_forward(b, kv, nullptr, nullptr, 1, 4, 16, 17, 1.0f, nullptr), Error);
 }
 
 }  // namespace cuda_paged_attention_test

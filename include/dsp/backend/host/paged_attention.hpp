@@ -69,15 +69,6 @@ const T* kv_row(const T* pool, const std::int32_t* table, std::int64_t block_siz
   return pool + (static_cast<std::int64_t>(table[j / block_size]) * block_size + j % block_size) * row;
 }
 
-// Where query head h finds its key and value in a pool row of `row` values: the key of kv
-// head g = h / (q_heads / kv_heads) at g * key_dim, its value at value_base + g * value_dim.
-// GQA: row [2, kv_heads, head_dim] (value_base = kv_heads * head_dim); MLA's latent: one
-// shared head whose key is the whole row and whose value its first value_dim values.
-struct PagedRowLayout {
-  std::int64_t row, kv_heads, key_dim, value_dim, value_base;
-  float scale;
-};
-
 template <class T>
 void paged_attention_token(const PagedKvLayer& kv, const PagedRowLayout& l, const float* q, std::int32_t position,
                            std::int64_t t, std::int64_t q_heads, float* out, std::vector<float>& scores,
