@@ -6,7 +6,9 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "dsp/backend/host.hpp"
@@ -96,15 +98,27 @@ struct Run {
 
 /// Serves `arrivals` with `config` on a TP group of `tp` threads (a model of `model_config`
 /// drawn from kServingSeed); every rank must report the same outputs (checked). `inspect`, when
-/// set, is called on the driver after every step with the engine.
+/// set, is called on the driver after every step with the engine. P: the serving policy; the
+/// model and the KV cache live in its backend's memory space (or in `space` when given: a
+/// GuardedSpace), and a communicator other than ThreadComm is built over each thread's own
+/// (StagingComm: ranks sharing one GPU).
+template <class P = ServeP>
 inline Run serve_requests(int tp, const serve::EngineConfig& config, const std::vector<Arrival>& arrivals,
                           const model::ModelConfig& model_config = tiny_serving_model(),
-                          const std::function<void(serve::Engine<ServeP>&)>& inspect = {}) {
+                          const std::type_identity_t<std::function<void(serve::Engine<P>&)>>& inspect = {},
+                          MemorySpace* space = nullptr) {
   std::vector<Run> by_rank(static_cast<std::size_t>(tp));
-  comm::launch(tp, [&](comm::ThreadComm& world) {
+  comm::launch(tp, [&](comm::ThreadComm& threads) {
+    const MemorySpaceScope in_space(space ? space : memory_space(typename P::Backend{}));
+    std::optional<typename P::Comm> own;
+    if constexpr (!std::is_same_v<typename P::Comm, comm::ThreadComm>) own.emplace(threads.split(0, threads.rank()));
+    typename P::Comm& world = [&]() -> typename P::Comm& {
+      if constexpr (std::is_same_v<typename P::Comm, comm::ThreadComm>) return threads;
+      else return *own;
+    }();
     DeviceMesh mesh(world, ParallelLayout{.tensor = tp});
-    model::CausalLM<ServeP> model(model_config, mesh, kServingSeed);
-    serve::Engine<ServeP> engine(model, world, config);
+    model::CausalLM<P> model(model_config, mesh, kServingSeed);
+    serve::Engine<P> engine(model, world, config);
     Run& run = by_rank[static_cast<std::size_t>(world.rank())];
     const bool driver = world.rank() == 0;
     std::int64_t last_arrival = 0;

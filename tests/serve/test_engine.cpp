@@ -22,6 +22,7 @@
 
 #include "dsp/serve/consistency.hpp"
 #include "dsp/serve/full_logits.hpp"
+#include "../guarded_space.hpp"
 #include "engine_harness.hpp"
 
 using namespace dsp;
@@ -176,6 +177,32 @@ TEST_CASE("engine: TP2 and TP4 serve the TP1 tokens") {
       const auto& lr = ref.requests.at(a.id).logprobs;
       REQUIRE(lp.size() == lr.size());
       for (std::size_t s = 0; s < lp.size(); ++s) CHECK(std::abs(lp[s].logprob - lr[s].logprob) <= kTolerance);
+    }
+  }
+}
+
+TEST_CASE("engine: with the model and the KV cache where the host may not touch them (as on a GPU), the same bits") {
+  // test::GuardedSpace: host memory that Tensor's host accessors refuse, so the engine, the
+  // model's paged forward and the KV pool must reach it through ops, communicators and explicit
+  // copies only, as serving on the CUDA backend needs. Chunked, with preemptions, TP1 and TP2.
+  static auto& space = *new test::GuardedSpace;  // never destroyed: outlives any buffer kept for reuse
+  const auto arrivals = mixed_requests();
+  for (const auto& [tp, model] : {std::pair{1, test::tiny_serving_model()}, std::pair{2, test::tiny_serving_model()},
+                                  std::pair{1, test::tiny_mla_serving_model()}}) {
+    CAPTURE(tp);
+    CAPTURE(model.is_mla());
+    serve::EngineConfig config;
+    config.max_num_batched_tokens = 7;
+    // 10 blocks (160 tokens) per rank: GQA's hold 4 KiB / TP, MLA's 2.5 KiB (the mixed tests above).
+    config.kv_cache_memory = model.is_mla() ? 25 << 10 : (40 << 10) / tp;
+    const auto host = serve_requests(tp, config, arrivals, model);
+    const std::int64_t before = space.allocations;
+    const auto guarded = serve_requests(tp, config, arrivals, model, {}, &space);
+    CHECK(space.allocations > before);  // the model and the cache went there
+    CHECK(guarded.stats.preemptions > 0);
+    for (const auto& a : arrivals) {
+      CAPTURE(a.id);
+      check_same(guarded.requests.at(a.id), host.requests.at(a.id));
     }
   }
 }
