@@ -53,8 +53,8 @@ std::vector<float> fma_chain(const float* a, std::int64_t lda, const float* b, s
 std::vector<float> by_path(backend::detail::BiIsa isa, const float* a, std::int64_t lda, const float* b,
                            std::int64_t ldb, std::int64_t m, std::int64_t n, std::int64_t k) {
   std::vector<float> at, c(static_cast<std::size_t>(m * n));
-  const std::int64_t v = backend::detail::bi_group_rows(isa), packed = v == 0 ? 0 : m - m % v;
-  if (packed > 0) backend::detail::bi_pack_groups(a, lda, packed, k, v, at);
+  const std::int64_t packed = backend::detail::bi_packed_rows(isa, m);
+  if (packed > 0) backend::detail::bi_pack_groups(a, lda, packed, k, backend::detail::bi_group_rows(isa), at);
   backend::detail::bi_columns(isa, m, packed, at.data(), 0, n, k, a, lda, b, ldb, c.data(), n);
   return c;
 }

@@ -77,6 +77,43 @@ struct Case {
   }
 };
 
+// The device pool holds the Host pool's bits (the writes round alike).
+template <class T>
+bool same_pool_bits(const std::vector<T>& got, const std::vector<T>& want) {
+  if (got.size() != want.size()) return false;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (got[i] != want[i]) return false;
+    } else if (got[i].bits != want[i].bits) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Every fifth query of the case alone on the device (q: its `in` values per token, the batch's
+// output `out` values per token): bitwise its row of the batch. attend(kv, q, positions, out)
+// runs the op on one token.
+template <class Attend>
+void check_alone_is_batch(const Case& c, Cuda b, const backend::PagedKvLayer& pool, const std::vector<float>& q,
+                          std::int64_t in, std::int64_t out, const std::vector<float>& together, Attend attend) {
+  const auto queries = static_cast<std::int64_t>(c.positions.size());
+  for (std::int64_t t = 0; t < queries; t += 5) {
+    CAPTURE(t);
+    const std::vector<std::int32_t> pos{c.positions[static_cast<std::size_t>(t)]},
+        seq{c.query_seq[static_cast<std::size_t>(t)]};
+    const std::vector<float> qt(q.begin() + t * in, q.begin() + (t + 1) * in);
+    auto d_pos1 = on_device(b, pos), d_seq1 = on_device(b, seq);
+    auto d_q1 = on_device(b, qt);
+    backend::PagedKvLayer one = pool;
+    one.token_seq = d_seq1.data();
+    DeviceBuffer<float> d_alone(b, static_cast<std::size_t>(out));
+    attend(one, d_q1.data(), d_pos1.data(), d_alone.data());
+    const std::vector<float> alone = on_host(d_alone);
+    CHECK(std::equal(alone.begin(), alone.end(), together.begin() + t * out));
+  }
+}
+
 template <class T>
 void check_against_host() {
   CAPTURE(backend::kv_cache_dtype_name(dtype_of<T>()));
@@ -101,13 +138,7 @@ void check_against_host() {
   const backend::PagedKvLayer dev_kv{d_pool.data(), dtype_of<T>(), kBlock, d_tables.data(), c.max_blocks,
                                      d_slots.data(), d_seq.data()};
   paged_kv_write(b, dev_kv, d_k.data(), d_v.data(), tokens, kKvHeads, kDim);
-  const std::vector<T> got_pool = on_host(d_pool);
-  bool same_bits = true;
-  for (std::size_t i = 0; i < pool.size(); ++i) {
-    if constexpr (std::is_same_v<T, float>) same_bits = same_bits && got_pool[i] == pool[i];
-    else same_bits = same_bits && got_pool[i].bits == pool[i].bits;
-  }
-  CHECK(same_bits);  // the write rounds as the host does
+  CHECK(same_pool_bits(on_host(d_pool), pool));  // the write rounds as the host does
   const backend::PagedKvLayer dev_q{d_pool.data(), dtype_of<T>(), kBlock, d_tables.data(), c.max_blocks, nullptr,
                                     d_qseq.data()};
   DeviceBuffer<float> d_out(b, want.size());
@@ -115,20 +146,10 @@ void check_against_host() {
   const std::vector<float> together = on_host(d_out);
   CHECK(test::relative_error(together, want) < 1e-5);
   // Each query alone on the device: bitwise its row of the batch.
-  for (std::int64_t t = 0; t < queries; t += 5) {
-    CAPTURE(t);
-    const std::vector<std::int32_t> pos{c.positions[static_cast<std::size_t>(t)]},
-        seq{c.query_seq[static_cast<std::size_t>(t)]};
-    const std::vector<float> qt(c.q.begin() + t * kHeads * kDim, c.q.begin() + (t + 1) * kHeads * kDim);
-    auto d_pos1 = on_device(b, pos), d_seq1 = on_device(b, seq);
-    auto d_q1 = on_device(b, qt);
-    const backend::PagedKvLayer one{d_pool.data(), dtype_of<T>(), kBlock, d_tables.data(), c.max_blocks, nullptr,
-                                    d_seq1.data()};
-    DeviceBuffer<float> d_alone(b, qt.size());
-    paged_attention_forward(b, one, d_q1.data(), d_pos1.data(), 1, kHeads, kKvHeads, kDim, d_alone.data());
-    const std::vector<float> alone = on_host(d_alone);
-    CHECK(std::equal(alone.begin(), alone.end(), together.begin() + t * kHeads * kDim));
-  }
+  check_alone_is_batch(c, b, dev_q, c.q, kHeads * kDim, kHeads * kDim, together,
+                       [&](const backend::PagedKvLayer& kv, const float* q1, const std::int32_t* p1, float* o) {
+                         paged_attention_forward(b, kv, q1, p1, 1, kHeads, kKvHeads, kDim, o);
+                       });
 }
 
 TEST_CASE("CUDA paged attention equals the Host op (fp32, bf16, fp16 pools) and is batch-invariant") {
@@ -168,13 +189,7 @@ void check_latent_against_host(std::int64_t width, std::int64_t value_dim) {
   const backend::PagedKvLayer dev_kv{d_pool.data(), dtype_of<T>(), kBlock, d_tables.data(), c.max_blocks,
                                      d_slots.data(), d_seq.data()};
   paged_rows_write(b, dev_kv, d_latent.data(), tokens, width, width, 0);
-  const std::vector<T> got_pool = on_host(d_pool);
-  bool same_bits = true;
-  for (std::size_t i = 0; i < pool.size(); ++i) {
-    if constexpr (std::is_same_v<T, float>) same_bits = same_bits && got_pool[i] == pool[i];
-    else same_bits = same_bits && got_pool[i].bits == pool[i].bits;
-  }
-  CHECK(same_bits);
+  CHECK(same_pool_bits(on_host(d_pool), pool));
   const backend::PagedKvLayer dev_q{d_pool.data(), dtype_of<T>(), kBlock, d_tables.data(), c.max_blocks, nullptr,
                                     d_qseq.data()};
   DeviceBuffer<float> d_out(b, want.size());
@@ -182,21 +197,10 @@ void check_latent_against_host(std::int64_t width, std::int64_t value_dim) {
                                  d_out.data());
   const std::vector<float> together = on_host(d_out);
   CHECK(test::relative_error(together, want) < 1e-5);
-  for (std::int64_t t = 0; t < queries; t += 5) {
-    CAPTURE(t);
-    const std::vector<std::int32_t> pos{c.positions[static_cast<std::size_t>(t)]},
-        seq{c.query_seq[static_cast<std::size_t>(t)]};
-    const std::vector<float> qt(q.begin() + t * kHeads * width, q.begin() + (t + 1) * kHeads * width);
-    auto d_pos1 = on_device(b, pos), d_seq1 = on_device(b, seq);
-    auto d_q1 = on_device(b, qt);
-    const backend::PagedKvLayer one{d_pool.data(), dtype_of<T>(), kBlock, d_tables.data(), c.max_blocks, nullptr,
-                                    d_seq1.data()};
-    DeviceBuffer<float> d_alone(b, static_cast<std::size_t>(kHeads * value_dim));
-    paged_latent_attention_forward(b, one, d_q1.data(), d_pos1.data(), 1, kHeads, width, value_dim, scale,
-                                   d_alone.data());
-    const std::vector<float> alone = on_host(d_alone);
-    CHECK(std::equal(alone.begin(), alone.end(), together.begin() + t * kHeads * value_dim));
-  }
+  check_alone_is_batch(c, b, dev_q, q, kHeads * width, kHeads * value_dim, together,
+                       [&](const backend::PagedKvLayer& kv, const float* q1, const std::int32_t* p1, float* o) {
+                         paged_latent_attention_forward(b, kv, q1, p1, 1, kHeads, width, value_dim, scale, o);
+                       });
 }
 
 TEST_CASE("CUDA paged latent attention (MLA) equals the Host op (fp32, bf16 pools) and is batch-invariant") {

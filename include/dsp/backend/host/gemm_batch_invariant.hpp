@@ -218,6 +218,12 @@ inline BiIsa bi_isa() {
 // Rows in a group of the rows kernel: its vector width (the portable path packs none).
 inline std::int64_t bi_group_rows(BiIsa isa) { return isa == BiIsa::Avx512 ? 16 : isa == BiIsa::Avx2 ? 8 : 0; }
 
+// Rows of A that go to the rows kernel: its whole groups (the rest to the few-rows kernel).
+inline std::int64_t bi_packed_rows(BiIsa isa, std::int64_t m) {
+  const std::int64_t v = bi_group_rows(isa);
+  return v == 0 ? 0 : m - m % v;
+}
+
 // A's rows [0, rows) (whole groups of v) packed per group as at[group][k][v].
 inline void bi_pack_groups(const float* a, std::int64_t lda, std::int64_t rows, std::int64_t k, std::int64_t v,
                            std::vector<float>& at) {
@@ -305,7 +311,7 @@ inline void gemm_nt_batch_invariant(Host h, std::int64_t m, std::int64_t n, std:
   if (!detail::check_gemm_args(false, true, m, n, k, lda, ldb, ldc)) return;
   const detail::BiIsa isa = detail::bi_isa();
   const std::int64_t threads = m * n * k < detail::bi_parallel_macs ? 1 : host_threads(h);
-  const std::int64_t v = detail::bi_group_rows(isa), packed = v == 0 ? 0 : m - m % v;
+  const std::int64_t v = detail::bi_group_rows(isa), packed = detail::bi_packed_rows(isa, m);
   thread_local std::vector<float> groups;  // A's packed groups (this thread's buffer)
   if (packed > 0) detail::bi_pack_groups(a, lda, packed, k, v, groups);
   const float* at = groups.data();  // read by every thread of the call: by pointer, not by name
