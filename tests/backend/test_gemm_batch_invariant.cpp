@@ -3,7 +3,8 @@
 // and for every shape that selects a different kernel; a row of C is the same bitwise whatever
 // the number of rows and wherever the row sits, on one thread or several; it agrees with
 // OpenBLAS's sgemm within fp32's error bound; linear_forward takes it inside a
-// BatchInvariantScope (and OpenBLAS outside, which is not invariant: the reason it exists).
+// BatchInvariantScope (and OpenBLAS outside, which is not invariant: the reason it exists); in a
+// PackedWeightsScope it reads B's panels where they match, with the same bits.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -14,6 +15,7 @@
 #include "dsp/backend/batch_invariance.hpp"
 #include "dsp/backend/host/gemm.hpp"
 #include "dsp/backend/host/gemm_batch_invariant.hpp"
+#include "dsp/backend/host/packed_weights.hpp"
 #include "dsp/backend/linear.hpp"
 #include "dsp/core/threads.hpp"
 #include "gradcheck.hpp"
@@ -109,6 +111,71 @@ TEST_CASE("batch-invariant gemm: every element is the fma chain over k, on every
       for (std::int64_t j = n; j < ldc; ++j) CHECK(c[static_cast<std::size_t>(i * ldc + j)] == -1.0f);
     }
   }
+}
+
+TEST_CASE("batch-invariant gemm over packed weights: the fma chain of B's panels, read only where they match") {
+  if (!backend::reads_packed_weights()) {
+    MESSAGE("no AVX-512 here: the GEMM reads B in place, packed or not");
+    return;
+  }
+  // m 1-40: one tile of the panel kernel for every row count 1-8, then whole and cut tiles; n:
+  // one panel cut and whole, two panels and a cut one; k: 1, odd, and above bi_parallel_macs
+  // with m = 40 (the rank's threads split the panels). Strided A and C (C's gaps untouched).
+  for (const auto& [n, k] : {std::pair<std::int64_t, std::int64_t>{1, 1}, {47, 13}, {48, 33}, {101, 139}, {130, 300}}) {
+    const std::int64_t lda = k + 3, ldc = n + 5;
+    const auto a = test::random_vector(static_cast<std::size_t>(40 * lda), 11);
+    auto b = test::random_vector(static_cast<std::size_t>(n * k), 12);
+    backend::PackedWeights packed;
+    packed.add(Host{}, b.data(), n, k);
+    CHECK(packed.bytes() == ((n + 47) / 48) * 48 * k * static_cast<std::int64_t>(sizeof(float)));
+    const backend::PackedWeightsScope scope(&packed);
+    for (std::int64_t m = 1; m <= 40; ++m) {
+      CAPTURE(n);
+      CAPTURE(k);
+      CAPTURE(m);
+      std::vector<float> c(static_cast<std::size_t>(m * ldc), -1.0f);
+      backend::gemm_nt_batch_invariant(Host{}, m, n, k, a.data(), lda, b.data(), k, c.data(), ldc);
+      const std::vector<float> ref = fma_chain(a.data(), lda, b.data(), k, m, n, k);
+      for (std::int64_t i = 0; i < m; ++i) {
+        CHECK(std::memcmp(c.data() + i * ldc, ref.data() + i * n, static_cast<std::size_t>(n) * sizeof(float)) == 0);
+        for (std::int64_t j = n; j < ldc; ++j) CHECK(c[static_cast<std::size_t>(i * ldc + j)] == -1.0f);
+      }
+    }
+  }
+  // The panels are what it reads: after B changes, the product is still the packed B's ...
+  const std::int64_t n = 50, k = 20, m = 3;
+  const auto a = test::random_vector(static_cast<std::size_t>(m * k), 13);
+  auto b = test::random_vector(static_cast<std::size_t>(n * k), 14);
+  const std::vector<float> before = fma_chain(a.data(), k, b.data(), k, m, n, k);
+  backend::PackedWeights packed;
+  packed.add(Host{}, b.data(), n, k);
+  for (auto& x : b) x += 1.0f;
+  const std::vector<float> after = fma_chain(a.data(), k, b.data(), k, m, n, k);
+  REQUIRE(std::memcmp(before.data(), after.data(), before.size() * sizeof(float)) != 0);
+  std::vector<float> c(static_cast<std::size_t>(m * n));
+  const auto gemm = [&](std::int64_t rows, std::int64_t cols, std::int64_t ldb) {
+    backend::gemm_nt_batch_invariant(Host{}, rows, cols, k, a.data(), k, b.data(), ldb, c.data(), cols);
+    return std::vector<float>(c.begin(), c.begin() + rows * cols);
+  };
+  {
+    const backend::PackedWeightsScope scope(&packed);
+    CHECK(gemm(m, n, k) == before);
+    // ... but not where the address matches with another shape or stride (B in place), nor
+    // outside the scope; scopes nest and restore.
+    const std::vector<float> other_n = gemm(m, n - 1, k);
+    CHECK(std::memcmp(other_n.data(), fma_chain(a.data(), k, b.data(), k, m, n - 1, k).data(),
+                      other_n.size() * sizeof(float)) == 0);
+    const std::vector<float> other_ld = gemm(m, n / 2, 2 * k);  // every other row of B
+    CHECK(std::memcmp(other_ld.data(), fma_chain(a.data(), k, b.data(), 2 * k, m, n / 2, k).data(),
+                      other_ld.size() * sizeof(float)) == 0);
+    {
+      const backend::PackedWeightsScope none(nullptr);
+      CHECK(gemm(m, n, k) == after);
+    }
+    CHECK(backend::packed_weights() == &packed);
+  }
+  CHECK(backend::packed_weights() == nullptr);
+  CHECK(gemm(m, n, k) == after);
 }
 
 TEST_CASE("batch-invariant gemm: a row is bitwise the same for every m and position, on one thread or more") {

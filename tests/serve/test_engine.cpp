@@ -195,9 +195,15 @@ TEST_CASE("engine: with the model and the KV cache where the host may not touch 
     config.max_num_batched_tokens = 7;
     // 10 blocks (160 tokens) per rank: GQA's hold 4 KiB / TP, MLA's 2.5 KiB (the mixed tests above).
     config.kv_cache_memory = model.is_mla() ? 25 << 10 : (40 << 10) / tp;
-    const auto host = serve_requests(tp, config, arrivals, model);
+    // The host run reads the weights' panels where this machine's GEMM has them, the guarded
+    // one B in place (its weights are out of the host's reach): the same bits either way.
+    const bool panels = backend::reads_packed_weights();
+    const auto host = serve_requests(tp, config, arrivals, model, [&](serve::Engine<test::ServeP>& e) {
+      CHECK((e.packed_weight_bytes() > 0) == panels);
+    });
     const std::int64_t before = space.allocations;
-    const auto guarded = serve_requests(tp, config, arrivals, model, {}, &space);
+    const auto guarded = serve_requests(tp, config, arrivals, model,
+                                        [](serve::Engine<test::ServeP>& e) { CHECK(e.packed_weight_bytes() == 0); }, &space);
     CHECK(space.allocations > before);  // the model and the cache went there
     CHECK(guarded.stats.preemptions > 0);
     for (const auto& a : arrivals) {

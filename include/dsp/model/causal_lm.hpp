@@ -262,6 +262,16 @@ class CausalLM {
     if (tied_copy_) p.push_back(tied_copy_.get());
     return p;
   }
+  /// The parameters of this stage that forward passes multiply by (linear_forward's w [out,
+  /// in]): every 2-D parameter but an input embedding that is only looked up (one not tied
+  /// to the output layer).
+  std::vector<Parameter*> matmul_weights() {
+    std::vector<Parameter*> out;
+    for (auto* p : parameters())
+      if (p->value.rank() == 2 && !(embed_ && p == &embed_->weight() && !config_.tie_word_embeddings)) out.push_back(p);
+    return out;
+  }
+
   /// What a checkpoint holds of this stage: parameters(), then the state gradients do not
   /// train (MoE expert biases).
   std::vector<Parameter*> state_parameters() {

@@ -36,6 +36,7 @@
 #include <set>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <unistd.h>
 #include <vector>
 
@@ -43,6 +44,8 @@
 
 #include "dsp/backend/batch_invariance.hpp"
 #include "dsp/backend/host/copy_columns.hpp"
+#include "dsp/backend/host/gemm_batch_invariant.hpp"
+#include "dsp/backend/host/packed_weights.hpp"
 #include "dsp/core/memory.hpp"
 #include "dsp/core/memory_space.hpp"
 #include "dsp/core/threads.hpp"
@@ -119,13 +122,18 @@ class Engine {
   /// Serves `model` (this rank's shards of a model on one pipeline stage, built in the current
   /// memory space; it must outlive the engine) on the ranks of `world`, rank 0 driving.
   /// Collective over world: sizes the KV cache (EngineConfig's budget rules; every rank takes
-  /// the smallest block count of any rank) and allocates it in the current memory space.
+  /// the smallest block count of any rank) and allocates it in the current memory space. With
+  /// the Host backend and the model in host memory it first copies the model's matmul weights
+  /// into the GEMM's panel layout (backend/host/packed_weights.hpp; where the GEMM reads them):
+  /// one more copy of those weights, counted in the budget, that does not follow later changes
+  /// of the model's weights.
   /// Throws ConfigError for an invalid config, a max_model_len above the model's seq_length,
   /// or a KV cache that cannot hold one request of max_model_len tokens (naming both numbers).
   Engine(model::CausalLM<Policy>& model, Comm& world, EngineConfig config, TokenText token_text = byte_token_text)
       : model_(&model), world_(&world), config_(checked(std::move(config), model.config())),
         token_text_(std::move(token_text)),
         values_per_token_(model.kv_values_per_token()),
+        packed_(pack_weights(model)),
         pool_(model.config().num_layers, model.layers().first_layer, values_per_token_,
               enough_blocks(shared_block_count()), config_.block_size, config_.kv_cache_dtype),
         blocks_(pool_.num_blocks(), config_.block_size, config_.enable_prefix_caching),
@@ -184,6 +192,7 @@ class Engine {
   /// pass and the communicators throw (a failed rank ends every rank).
   std::vector<RequestOutput> step() {
     backend::BatchInvariantScope invariant;
+    backend::PackedWeightsScope panels(&packed_);
     std::vector<RequestOutput> outputs;
     apply(take_commands(), outputs);
     if (stopped_) return outputs;
@@ -217,6 +226,9 @@ class Engine {
   }
   const EngineConfig& config() const { return config_; }
   const BlockManager& block_manager() const { return blocks_; }
+  /// Bytes of this rank's copy of the model's matmul weights in the GEMM's panel layout (0
+  /// where it makes none: another backend, a memory space, a machine without AVX-512).
+  std::int64_t packed_weight_bytes() const { return packed_.bytes(); }
   /// Bytes of this rank's KV cache, and of one block over every layer.
   std::int64_t kv_cache_bytes() const { return pool_.bytes(); }
   std::int64_t bytes_per_block() const {
@@ -241,7 +253,7 @@ class Engine {
       budget = *config_.kv_cache_memory;
     } else if (config_.gpu_memory_utilization || current_memory_space()) {
       const double fraction = config_.gpu_memory_utilization.value_or(0.9);
-      budget = static_cast<std::int64_t>(fraction * static_cast<double>(memory_capacity())) - weight_bytes() -
+      budget = static_cast<std::int64_t>(fraction * static_cast<double>(memory_capacity())) - model_bytes() -
                profile_peak_bytes();
     } else {
       const std::int64_t full = config_.max_num_seqs * ((config_.max_model_len + config_.block_size - 1) / config_.block_size);
@@ -271,10 +283,23 @@ class Engine {
     const std::int64_t processes = local ? std::max(1, std::atoi(local)) : 1;
     return detail::host_memory_bytes() / ranks_per_process() / processes;
   }
-  std::int64_t weight_bytes() {
-    std::int64_t n = 0;
-    for (auto* p : model_->parameters()) n += p->value.numel() * static_cast<std::int64_t>(sizeof(float));
+  // Bytes the model holds on this rank: its parameters, their gradient buffers (a model built
+  // as for training has them, although serving never writes one) and the packed copies.
+  std::int64_t model_bytes() {
+    std::int64_t n = packed_.bytes();
+    for (auto* p : model_->parameters())
+      n += (p->value.numel() + p->grad.numel()) * static_cast<std::int64_t>(sizeof(float));
     return n;
+  }
+  // The model's matmul weights in the host GEMM's panel layout, where that GEMM reads them
+  // (backend::reads_packed_weights) and they are in host memory; none otherwise.
+  static backend::PackedWeights pack_weights(model::CausalLM<Policy>& model) {
+    backend::PackedWeights weights;
+    if constexpr (std::is_same_v<Backend, backend::Host>) {
+      if (!current_memory_space() && backend::reads_packed_weights())
+        for (auto* p : model.matmul_weights()) weights.add(Backend{}, p->value.data(), p->value.dim(0), p->value.dim(1));
+    }
+    return weights;
   }
   // Peak bytes a forward pass of max_num_batched_tokens tokens allocates beyond what is live
   // (sequences of max_model_len at most, over a scratch KV pool just large enough, whose own
@@ -302,6 +327,7 @@ class Engine {
     reset_space_peak();
     {
       backend::BatchInvariantScope invariant;
+      backend::PackedWeightsScope panels(&packed_);
       const SpaceArray<std::int32_t> d_tables(tables), d_slots(slots), d_seq(seq);
       model::PagedKvBatch paged{scratch.pools(), config_.kv_cache_dtype, config_.block_size, d_tables.data(),
                                 max_blocks, d_slots.data(), d_seq.data()};
@@ -490,6 +516,7 @@ class Engine {
   EngineConfig config_;
   TokenText token_text_;
   std::vector<std::int64_t> values_per_token_;
+  backend::PackedWeights packed_;  // the model's matmul weights in panels (host), read by step()
   KvCachePool pool_;
   BlockManager blocks_;
   Scheduler scheduler_;

@@ -27,8 +27,9 @@ struct EngineConfig {
   /// --kv-cache-memory: bytes of KV cache per rank; overrides gpu_memory_utilization.
   std::optional<std::int64_t> kv_cache_memory;
   /// --gpu-memory-utilization: the fraction of the device's memory (of host RAM on the CPU,
-  /// shared by the ranks of a process) the rank may use; the KV cache gets it minus the
-  /// weights and the peak activations of a profiling forward of max_num_batched_tokens tokens
+  /// shared by the ranks of a process) the rank may use; the KV cache gets it minus what the
+  /// model holds (weights, their packed copies, gradient buffers of a model built with them)
+  /// and the peak activations of a profiling forward of max_num_batched_tokens tokens
   /// (vLLM's recipe). Without either field: 0.9 on a GPU; on the host the KV cache of
   /// max_num_seqs full-length sequences, at most 4 GiB (vLLM's CPU default KV space).
   std::optional<double> gpu_memory_utilization;

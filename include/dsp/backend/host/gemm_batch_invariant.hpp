@@ -25,6 +25,10 @@
 //   decoding tokens.
 // - The rows after them (fewer than V: one decoding token, or a few): vectorised over V columns
 //   instead, B's V x V blocks transposed in registers, so one token does not pay for V.
+// - B packed in panels (packed_weights.hpp: a served model's weights, copied once), AVX-512:
+//   tiles of up to 8 rows x 48 columns over one panel, 3 vectors of B and 8 broadcasts of A for
+//   24 fmas, B prefetched as one stream. Any m; no packing of A, no transposes (benchmarks/
+//   RESULTS.md: the 100 M model's decode step).
 // Columns go to the rank's threads in whole units of every tile width (parallel_for); a thread
 // never changes an element's chain.
 #include <algorithm>
@@ -39,6 +43,7 @@
 
 #include "dsp/backend/gemm_args.hpp"
 #include "dsp/backend/host/host.hpp"
+#include "dsp/backend/host/packed_weights.hpp"
 #include "dsp/backend/host/parallel_for.hpp"
 
 // Unrolls the register tiles' loops whole (gcc), so that the accumulators stay in registers;
@@ -58,7 +63,7 @@ namespace detail {
 constexpr std::int64_t bi_parallel_macs = 1 << 20;
 // Columns handed to a thread at a time, and swept by every kernel before the next: a multiple
 // of each tile width (24, 16, 12, 8), and B's rows of a unit (48 x k) stay in L2 meanwhile.
-constexpr std::int64_t bi_column_unit = 48;
+constexpr std::int64_t bi_column_unit = packed_panel_width;
 
 #ifdef DSP_HOST_X86_KERNELS
 // Rows kernel, AVX-512: C[0..16, 0..NR) of one group of 16 rows, whose A is packed as
@@ -197,6 +202,45 @@ __attribute__((target("avx2,fma"))) void bi_few_avx2(const float* a, std::int64_
   const __m256i cmask = _mm256_load_si256(reinterpret_cast<const __m256i*>(cmask_lanes));
   DSP_BI_UNROLL for (int i = 0; i < M; ++i) _mm256_maskstore_ps(c + i * ldc, cmask, acc[i]);
 }
+
+// Panel kernel, AVX-512: C[0..M, 0..cols) (M <= 8, cols <= 48) from M rows of A and one panel
+// of B ([k][48], packed_weights.hpp). With 24 fmas per 192 bytes of panel the core alone keeps
+// too few loads in flight to stream B from DRAM, so it prefetches: the panel 32 k ahead into L1,
+// and the `next` panel (nullptr: none) into L2, this pass's share of it when the rows take
+// `passes` passes over the panel (so that DRAM keeps streaming while a second pass computes from
+// L2). Measured (16 rows over 400 MB of panels, Xeon 2 cores): 38 ms without prefetching, 28 ms
+// with the first, 22-24 ms with both; one row 16 -> 14.5-15 ms.
+template <int M>
+__attribute__((target("avx512f"))) void bi_panel_avx512(const float* a, std::int64_t lda, const float* panel,
+                                                         const float* next, std::int64_t pass, std::int64_t passes,
+                                                         float* c, std::int64_t ldc, std::int64_t cols, std::int64_t k) {
+  constexpr std::int64_t w = packed_panel_width, ahead = 32;
+  __m512 acc[M][3];
+  DSP_BI_UNROLL for (int i = 0; i < M; ++i) DSP_BI_UNROLL for (int q = 0; q < 3; ++q) acc[i][q] = _mm512_setzero_ps();
+  for (std::int64_t kk = 0; kk < k; ++kk) {
+    const float* row = panel + kk * w;
+    DSP_BI_UNROLL for (int q = 0; q < 3; ++q)
+      _mm_prefetch(reinterpret_cast<const char*>(row + ahead * w + 16 * q), _MM_HINT_T0);
+    if (next) {
+      const float* later = next + ((pass * k + kk) / passes) * w;
+      DSP_BI_UNROLL for (int q = 0; q < 3; ++q) _mm_prefetch(reinterpret_cast<const char*>(later + 16 * q), _MM_HINT_T1);
+    }
+    const __m512 b0 = _mm512_loadu_ps(row), b1 = _mm512_loadu_ps(row + 16), b2 = _mm512_loadu_ps(row + 32);
+    DSP_BI_UNROLL for (int i = 0; i < M; ++i) {
+      const __m512 x = _mm512_set1_ps(a[i * lda + kk]);
+      acc[i][0] = _mm512_fmadd_ps(x, b0, acc[i][0]);
+      acc[i][1] = _mm512_fmadd_ps(x, b1, acc[i][1]);
+      acc[i][2] = _mm512_fmadd_ps(x, b2, acc[i][2]);
+    }
+  }
+  __mmask16 mask[3];
+  for (int q = 0; q < 3; ++q) {
+    const std::int64_t left = std::clamp<std::int64_t>(cols - 16 * q, 0, 16);
+    mask[q] = static_cast<__mmask16>((1u << left) - 1u);
+  }
+  DSP_BI_UNROLL for (int i = 0; i < M; ++i) DSP_BI_UNROLL for (int q = 0; q < 3; ++q)
+    _mm512_mask_storeu_ps(c + i * ldc + 16 * q, mask[q], acc[i][q]);
+}
 #endif
 
 enum class BiIsa { Generic, Avx2, Avx512 };
@@ -238,6 +282,8 @@ inline void bi_pack_groups(const float* a, std::int64_t lda, std::int64_t rows, 
 using BiRows = void (*)(const float*, const float*, std::int64_t, float*, std::int64_t, std::int64_t);
 using BiFew = void (*)(const float*, std::int64_t, const float*, std::int64_t, float*, std::int64_t, std::int64_t,
                        std::int64_t);
+using BiPanel = void (*)(const float*, std::int64_t, const float*, const float*, std::int64_t, std::int64_t, float*,
+                        std::int64_t, std::int64_t, std::int64_t);
 
 // The rows kernel of this machine for tiles of nr columns (its widest, a third of it, or 1).
 inline BiRows bi_rows_kernel(BiIsa isa, std::int64_t nr) {
@@ -266,6 +312,36 @@ inline BiFew bi_few_kernel(BiIsa isa, std::int64_t m) {
 #endif
   (void)isa, (void)m;
   return nullptr;
+}
+
+// Rows of A in one tile of the panel kernel.
+constexpr std::int64_t bi_panel_rows = 8;
+
+// The panel kernel for m rows (1 <= m <= bi_panel_rows); AVX-512 only.
+inline BiPanel bi_panel_kernel(std::int64_t m) {
+#ifdef DSP_HOST_X86_KERNELS
+  constexpr BiPanel k[] = {bi_panel_avx512<1>, bi_panel_avx512<2>, bi_panel_avx512<3>, bi_panel_avx512<4>,
+                              bi_panel_avx512<5>, bi_panel_avx512<6>, bi_panel_avx512<7>, bi_panel_avx512<8>};
+  return k[m - 1];
+#else
+  (void)m;
+  return nullptr;
+#endif
+}
+
+// Columns [n0, n1) of C (n0 a multiple of the panel width), every row, from B's panels.
+inline void bi_panel_columns(std::int64_t m, const float* panels, std::int64_t n0, std::int64_t n1, std::int64_t k,
+                             const float* a, std::int64_t lda, float* c, std::int64_t ldc) {
+  const std::int64_t passes = (m + bi_panel_rows - 1) / bi_panel_rows;
+  for (std::int64_t j = n0; j < n1; j += packed_panel_width) {
+    const float* panel = panels + (j / packed_panel_width) * k * packed_panel_width;
+    const float* next = j + packed_panel_width < n1 ? panel + k * packed_panel_width : nullptr;
+    const std::int64_t cols = std::min(packed_panel_width, n1 - j);
+    for (std::int64_t pass = 0; pass < passes; ++pass) {
+      const std::int64_t r0 = pass * bi_panel_rows, rows = std::min(bi_panel_rows, m - r0);
+      bi_panel_kernel(rows)(a + r0 * lda, lda, panel, next, pass, passes, c + r0 * ldc + j, ldc, cols, k);
+    }
+  }
 }
 
 // Columns [n0, n1) of C, every row; `at` holds A's first `packed` rows (bi_pack_groups).
@@ -299,25 +375,39 @@ inline void bi_columns(BiIsa isa, std::int64_t m, std::int64_t packed, const flo
 
 }  // namespace detail
 
+/// True where gemm_nt_batch_invariant reads the panels of a PackedWeightsScope's weights (its
+/// panel kernel needs AVX-512); elsewhere it reads B in place and packing would only cost memory.
+inline bool reads_packed_weights() { return detail::bi_isa() == detail::BiIsa::Avx512; }
+
 /// C[m, n] = A[m, k] B[n, k]^T, every matrix row-major with row strides lda, ldb, ldc
 /// (A [tokens, in] activations, B [out, in] a linear layer's weight). Overwrites C. Each
 /// element of C is one chain of fused multiply-adds over k in increasing order (header
 /// comment), whatever m is, wherever its row is in A and on whichever machine or thread count,
 /// so a row of C depends on its row of A and on B alone, bitwise, and equals a loop of std::fma
-/// (within fp32's error bound of any other fp32 GEMM: both are k-term sums in some order). Throws Error for negative sizes or strides
-/// shorter than a row (as gemm).
+/// (within fp32's error bound of any other fp32 GEMM: both are k-term sums in some order). In
+/// a PackedWeightsScope whose weights hold B (same address, n, k, ldb == k) it reads B's
+/// panels instead, where reads_packed_weights(): the same bits, faster. Throws Error for
+/// negative sizes or strides shorter than a row (as gemm).
 inline void gemm_nt_batch_invariant(Host h, std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
                                     std::int64_t lda, const float* b, std::int64_t ldb, float* c, std::int64_t ldc) {
   if (!detail::check_gemm_args(false, true, m, n, k, lda, ldb, ldc)) return;
   const detail::BiIsa isa = detail::bi_isa();
   const std::int64_t threads = m * n * k < detail::bi_parallel_macs ? 1 : host_threads(h);
+  // Column ranges of whole units, one per thread.
+  const std::int64_t units = (n + detail::bi_column_unit - 1) / detail::bi_column_unit;
+  const std::int64_t per = (units + threads - 1) / threads, tasks = (units + per - 1) / per;
+  const PackedWeights* packed_b = packed_weights();
+  if (const float* panels = packed_b && reads_packed_weights() ? packed_b->find(b, n, k, ldb) : nullptr) {
+    parallel_for(h, tasks, [&](std::int64_t t) {
+      detail::bi_panel_columns(m, panels, t * per * detail::bi_column_unit,
+                               std::min(n, (t + 1) * per * detail::bi_column_unit), k, a, lda, c, ldc);
+    });
+    return;
+  }
   const std::int64_t v = detail::bi_group_rows(isa), packed = detail::bi_packed_rows(isa, m);
   thread_local std::vector<float> groups;  // A's packed groups (this thread's buffer)
   if (packed > 0) detail::bi_pack_groups(a, lda, packed, k, v, groups);
   const float* at = groups.data();  // read by every thread of the call: by pointer, not by name
-  // Column ranges of whole units, one per thread.
-  const std::int64_t units = (n + detail::bi_column_unit - 1) / detail::bi_column_unit;
-  const std::int64_t per = (units + threads - 1) / threads, tasks = (units + per - 1) / per;
   parallel_for(h, tasks, [&](std::int64_t t) {
     const std::int64_t n0 = t * per * detail::bi_column_unit;
     const std::int64_t n1 = std::min(n, (t + 1) * per * detail::bi_column_unit);
