@@ -160,6 +160,7 @@ TEST_CASE("batch-invariant gemm over packed weights: the fma chain of B's panels
   {
     const backend::PackedWeightsScope scope(&packed);
     CHECK(gemm(m, n, k) == before);
+    CHECK(packed.reads() == 1);
     // ... but not where the address matches with another shape or stride (B in place), nor
     // outside the scope; scopes nest and restore.
     const std::vector<float> other_n = gemm(m, n - 1, k);
@@ -173,6 +174,7 @@ TEST_CASE("batch-invariant gemm over packed weights: the fma chain of B's panels
       CHECK(gemm(m, n, k) == after);
     }
     CHECK(backend::packed_weights() == &packed);
+    CHECK(packed.reads() == 1);  // only the read that matched
   }
   CHECK(backend::packed_weights() == nullptr);
   CHECK(gemm(m, n, k) == after);

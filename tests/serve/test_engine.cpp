@@ -199,11 +199,13 @@ TEST_CASE("engine: with the model and the KV cache where the host may not touch 
     // one B in place (its weights are out of the host's reach): the same bits either way.
     const bool panels = backend::reads_packed_weights();
     const auto host = serve_requests(tp, config, arrivals, model, [&](serve::Engine<test::ServeP>& e) {
-      CHECK((e.packed_weight_bytes() > 0) == panels);
+      CHECK((e.packed_weights().bytes() > 0) == panels);
+      CHECK((e.packed_weights().reads() > 0) == panels);
     });
     const std::int64_t before = space.allocations;
-    const auto guarded = serve_requests(tp, config, arrivals, model,
-                                        [](serve::Engine<test::ServeP>& e) { CHECK(e.packed_weight_bytes() == 0); }, &space);
+    const auto guarded = serve_requests(
+        tp, config, arrivals, model,
+        [](serve::Engine<test::ServeP>& e) { CHECK(e.packed_weights().bytes() + e.packed_weights().reads() == 0); }, &space);
     CHECK(space.allocations > before);  // the model and the cache went there
     CHECK(guarded.stats.preemptions > 0);
     for (const auto& a : arrivals) {
@@ -211,6 +213,33 @@ TEST_CASE("engine: with the model and the KV cache where the host may not touch 
       check_same(guarded.requests.at(a.id), host.requests.at(a.id));
     }
   }
+}
+
+TEST_CASE("engine: packs the weights serving multiplies by whole, and refuses to step once one moved") {
+  if (!backend::reads_packed_weights()) {
+    MESSAGE("no AVX-512 here: the engine packs nothing");
+    return;
+  }
+  comm::launch(1, [&](comm::ThreadComm& world) {
+    DeviceMesh mesh(world, ParallelLayout{});
+    model::CausalLM<test::ServeP> model(test::tiny_serving_model(), mesh, test::kServingSeed);
+    serve::Engine<test::ServeP> engine(model, world, {});
+    // Every 2-D parameter of 48 rows or more but the input embedding (untied: only looked up).
+    const std::vector<Parameter*> params = model.parameters();
+    std::int64_t expected = 0;
+    for (auto* p : params) {
+      if (p->value.rank() != 2) continue;
+      const bool packed = p->value.dim(0) >= 48 && p != params.front();
+      CAPTURE(p->spec.name);
+      CHECK((engine.packed_weights().find(p->value.data(), p->value.dim(0), p->value.dim(1), p->value.dim(1)) !=
+             nullptr) == packed);
+      if (packed) expected += (p->value.dim(0) + 47) / 48 * 48 * p->value.dim(1) * static_cast<std::int64_t>(sizeof(float));
+    }
+    CHECK(engine.packed_weights().bytes() == expected);
+    (void)engine.step();  // nothing to run: the check passes
+    params.back()->value = Tensor(params.back()->value.shape());  // the output layer's weight, in a new buffer
+    CHECK_THROWS_WITH_AS(engine.step(), doctest::Contains(params.back()->spec.name.c_str()), Error);
+  });
 }
 
 }  // namespace serve_engine_test

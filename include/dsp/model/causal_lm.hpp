@@ -262,13 +262,16 @@ class CausalLM {
     if (tied_copy_) p.push_back(tied_copy_.get());
     return p;
   }
-  /// The parameters of this stage that forward passes multiply by (linear_forward's w [out,
-  /// in]): every 2-D parameter but an input embedding that is only looked up (one not tied
-  /// to the output layer).
-  std::vector<Parameter*> matmul_weights() {
+  /// The parameters of this stage that serving's forward passes multiply by whole
+  /// (linear_forward's w [out, in]): the blocks' 2-D parameters but MLA's kv_b_proj (read per
+  /// head, MLAttention::kv_b_weight), and the output layer's weight (the embedding table when
+  /// tied); not an input embedding that is only looked up.
+  std::vector<Parameter*> serving_matmul_weights() {
     std::vector<Parameter*> out;
-    for (auto* p : parameters())
-      if (p->value.rank() == 2 && !(embed_ && p == &embed_->weight() && !config_.tie_word_embeddings)) out.push_back(p);
+    for (auto& b : blocks_)
+      for (auto* p : b->parameters())
+        if (p->value.rank() == 2 && !(b->mla() && p == &b->mla()->kv_b_weight())) out.push_back(p);
+    if (lm_head_) out.push_back(&lm_head_->weight());
     return out;
   }
 

@@ -207,6 +207,10 @@ class MLAttention {
     return dx;
   }
 
+  /// kv_b_proj's weight [heads/tp * (nope + v), kv_lora]: the absorbed attention of serving
+  /// reads it per head, in slices (W_UK_h, W_UV_h), never as one matrix.
+  Parameter& kv_b_weight() { return kv_b_.weight(); }
+
   /// Every weight of this layer: q_a_proj, q_a_layernorm, q_b_proj (or q_proj),
   /// kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj.
   std::vector<Parameter*> parameters() {

@@ -133,7 +133,8 @@ class Engine {
       : model_(&model), world_(&world), config_(checked(std::move(config), model.config())),
         token_text_(std::move(token_text)),
         values_per_token_(model.kv_values_per_token()),
-        packed_(pack_weights(model)),
+        packed_params_(weights_to_pack(model)),
+        packed_(pack(packed_params_)),
         pool_(model.config().num_layers, model.layers().first_layer, values_per_token_,
               enough_blocks(shared_block_count()), config_.block_size, config_.kv_cache_dtype),
         blocks_(pool_.num_blocks(), config_.block_size, config_.enable_prefix_caching),
@@ -192,6 +193,7 @@ class Engine {
   /// pass and the communicators throw (a failed rank ends every rank).
   std::vector<RequestOutput> step() {
     backend::BatchInvariantScope invariant;
+    check_packed_weights();
     backend::PackedWeightsScope panels(&packed_);
     std::vector<RequestOutput> outputs;
     apply(take_commands(), outputs);
@@ -226,9 +228,9 @@ class Engine {
   }
   const EngineConfig& config() const { return config_; }
   const BlockManager& block_manager() const { return blocks_; }
-  /// Bytes of this rank's copy of the model's matmul weights in the GEMM's panel layout (0
-  /// where it makes none: another backend, a memory space, a machine without AVX-512).
-  std::int64_t packed_weight_bytes() const { return packed_.bytes(); }
+  /// This rank's copy of the model's matmul weights in the GEMM's panel layout (empty where it
+  /// makes none: another backend, a memory space, a machine without AVX-512).
+  const backend::PackedWeights& packed_weights() const { return packed_; }
   /// Bytes of this rank's KV cache, and of one block over every layer.
   std::int64_t kv_cache_bytes() const { return pool_.bytes(); }
   std::int64_t bytes_per_block() const {
@@ -291,16 +293,34 @@ class Engine {
       n += (p->value.numel() + p->grad.numel()) * static_cast<std::int64_t>(sizeof(float));
     return n;
   }
-  // The model's matmul weights in the host GEMM's panel layout, where that GEMM reads them
-  // (backend::reads_packed_weights) and they are in host memory; none otherwise.
-  static backend::PackedWeights pack_weights(model::CausalLM<Policy>& model) {
-    backend::PackedWeights weights;
+  // The weights to pack: those serving multiplies by whole, of 48 rows or more (a smaller one,
+  // such as a router of 8 experts, would multiply its padding), where the host GEMM reads
+  // panels and the weights are in host memory; none otherwise.
+  static std::vector<Parameter*> weights_to_pack(model::CausalLM<Policy>& model) {
+    std::vector<Parameter*> out;
     if constexpr (std::is_same_v<Backend, backend::Host>) {
       if (!current_memory_space() && backend::reads_packed_weights())
-        for (auto* p : model.matmul_weights()) weights.add(Backend{}, p->value.data(), p->value.dim(0), p->value.dim(1));
+        for (auto* p : model.serving_matmul_weights())
+          if (p->value.dim(0) >= backend::packed_panel_width) out.push_back(p);
     }
-    return weights;
+    return out;
   }
+  static backend::PackedWeights pack(const std::vector<Parameter*>& weights) {
+    backend::PackedWeights packed;
+    for (auto* p : weights) packed.add(Backend{}, p->value.data(), p->value.dim(0), p->value.dim(1));
+    return packed;
+  }
+  // The copies hold while the weights stay where they were packed: a weight moved since (new
+  // values assigned to the model, ZeRO's gather and release) would be read stale, or another
+  // matrix at its old address read as it. Throws Error naming the weight.
+  void check_packed_weights() const {
+    for (const auto* p : packed_params_) {
+      const Tensor& v = p->value;
+      DSP_CHECK(v.rank() == 2 && packed_.find(v.data(), v.dim(0), v.dim(1), v.dim(1)), "Engine::step: the weight ",
+                p->spec.name, " moved or changed shape since the engine packed it; serve a model whose weights stay put");
+    }
+  }
+
   // Peak bytes a forward pass of max_num_batched_tokens tokens allocates beyond what is live
   // (sequences of max_model_len at most, over a scratch KV pool just large enough, whose own
   // bytes are not counted). Collective over the tensor group.
@@ -516,7 +536,8 @@ class Engine {
   EngineConfig config_;
   TokenText token_text_;
   std::vector<std::int64_t> values_per_token_;
-  backend::PackedWeights packed_;  // the model's matmul weights in panels (host), read by step()
+  std::vector<Parameter*> packed_params_;  // the weights packed_ copies
+  backend::PackedWeights packed_;          // the model's matmul weights in panels (host), read by step()
   KvCachePool pool_;
   BlockManager blocks_;
   Scheduler scheduler_;

@@ -219,8 +219,9 @@ __attribute__((target("avx512f"))) void bi_panel_avx512(const float* a, std::int
   DSP_BI_UNROLL for (int i = 0; i < M; ++i) DSP_BI_UNROLL for (int q = 0; q < 3; ++q) acc[i][q] = _mm512_setzero_ps();
   for (std::int64_t kk = 0; kk < k; ++kk) {
     const float* row = panel + kk * w;
-    DSP_BI_UNROLL for (int q = 0; q < 3; ++q)
-      _mm_prefetch(reinterpret_cast<const char*>(row + ahead * w + 16 * q), _MM_HINT_T0);
+    // As an integer: near the end the address lies past the panels (prefetches never fault).
+    const std::uintptr_t soon = reinterpret_cast<std::uintptr_t>(row) + ahead * w * sizeof(float);
+    DSP_BI_UNROLL for (int q = 0; q < 3; ++q) _mm_prefetch(reinterpret_cast<const char*>(soon + 64 * q), _MM_HINT_T0);
     if (next) {
       const float* later = next + ((pass * k + kk) / passes) * w;
       DSP_BI_UNROLL for (int q = 0; q < 3; ++q) _mm_prefetch(reinterpret_cast<const char*>(later + 16 * q), _MM_HINT_T1);
@@ -398,6 +399,7 @@ inline void gemm_nt_batch_invariant(Host h, std::int64_t m, std::int64_t n, std:
   const std::int64_t per = (units + threads - 1) / threads, tasks = (units + per - 1) / per;
   const PackedWeights* packed_b = packed_weights();
   if (const float* panels = packed_b && reads_packed_weights() ? packed_b->find(b, n, k, ldb) : nullptr) {
+    packed_b->count_read();
     parallel_for(h, tasks, [&](std::int64_t t) {
       detail::bi_panel_columns(m, panels, t * per * detail::bi_column_unit,
                                std::min(n, (t + 1) * per * detail::bi_column_unit), k, a, lda, c, ldc);

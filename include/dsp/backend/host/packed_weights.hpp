@@ -10,13 +10,16 @@
 // (backend::reads_packed_weights()), and B in place otherwise. The result is the same bitwise
 // either way: each element is the same chain of fused multiply-adds.
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <vector>
 
 #include "dsp/backend/host/host.hpp"
 #include "dsp/backend/host/parallel_for.hpp"
 #include "dsp/core/error.hpp"
+#include "dsp/core/memory.hpp"
 
 namespace dsp::backend {
 
@@ -24,8 +27,10 @@ namespace dsp::backend {
 constexpr std::int64_t packed_panel_width = 48;
 
 /// Copies of weights in the panel layout (header comment), found by the address of the weight
-/// they copy. The copies do not follow later changes of the weights: pack weights that stay as
-/// they are while the copies are used (a served model's).
+/// they copy; their bytes count as memory::Category::Parameters. The copies do not follow later
+/// changes of the weights, nor a weight moved to another buffer (whose old address another
+/// matrix may then take): pack weights that stay where and as they are while the copies are
+/// used (a served model's; serve::Engine checks the addresses at every step).
 class PackedWeights {
  public:
   /// Packs w [n, k] (row-major, contiguous; n, k >= 0), on the rank's threads. Packing the same
@@ -33,7 +38,7 @@ class PackedWeights {
   void add(Host h, const float* w, std::int64_t n, std::int64_t k) {
     DSP_CHECK(n >= 0 && k >= 0, "PackedWeights::add: negative size ", n, " x ", k);
     const std::int64_t panels = (n + packed_panel_width - 1) / packed_panel_width;
-    Packed& p = packed_[w];
+    Packed& p = packed_.try_emplace(w).first->second;
     p.n = n;
     p.k = k;
     p.panels.assign(static_cast<std::size_t>(panels * k * packed_panel_width), 0.0f);
@@ -57,6 +62,11 @@ class PackedWeights {
     return it->second.panels.data();
   }
 
+  /// Counts a GEMM that read panels found here (gemm_nt_batch_invariant calls it).
+  void count_read() const { reads_->fetch_add(1, std::memory_order_relaxed); }
+  /// GEMMs that read panels found here so far.
+  std::int64_t reads() const { return reads_->load(std::memory_order_relaxed); }
+
   /// Bytes the copies hold (padding included).
   std::int64_t bytes() const {
     std::int64_t b = 0;
@@ -67,9 +77,11 @@ class PackedWeights {
  private:
   struct Packed {
     std::int64_t n = 0, k = 0;
-    std::vector<float> panels;
+    std::vector<float, memory::CountingAllocator<float>> panels{
+        memory::CountingAllocator<float>(memory::Category::Parameters)};
   };
   std::map<const float*, Packed> packed_;
+  std::unique_ptr<std::atomic<std::int64_t>> reads_ = std::make_unique<std::atomic<std::int64_t>>(0);
 };
 
 namespace detail {
