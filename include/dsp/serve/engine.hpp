@@ -305,9 +305,9 @@ class Engine {
     }
     return out;
   }
-  static backend::PackedWeights pack(const std::vector<Parameter*>& weights) {
+  static backend::PackedWeights pack(const std::vector<Parameter*>& weights) {  // host weights (or none)
     backend::PackedWeights packed;
-    for (auto* p : weights) packed.add(Backend{}, p->value.data(), p->value.dim(0), p->value.dim(1));
+    for (auto* p : weights) packed.add(backend::Host{}, p->value.data(), p->value.dim(0), p->value.dim(1));
     return packed;
   }
   // The copies hold while the weights stay where they were packed: a weight moved since (new
