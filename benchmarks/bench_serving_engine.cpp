@@ -146,6 +146,7 @@ template <class Body>
 void with_engine(const std::string& name, dsp::serve::EngineConfig config, Body body) {
   dsp::comm::launch(1, [&](dsp::comm::ThreadComm& world) {
     dsp::DeviceMesh mesh(world, dsp::ParallelLayout{});
+    const dsp::InferenceMode inference;  // as dsp-serve builds its model: no gradient buffers
     dsp::model::CausalLM<P> model(model_config(name), mesh, 1);
     dsp::serve::Engine<P> engine(model, world, config);
     body(engine, model);

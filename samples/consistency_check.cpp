@@ -44,6 +44,7 @@ Logits logits_at(const std::string& dir, int tp, const std::vector<std::vector<s
   Logits out;
   dsp::comm::launch(tp, [&](dsp::comm::ThreadComm& world) {
     dsp::DeviceMesh mesh(world, dsp::ParallelLayout{.tensor = tp});
+    const dsp::InferenceMode inference;  // weights only: no gradient buffers
     dsp::model::CausalLM<samples::HostPolicy> model(config, mesh, 0);
     dsp::checkpoint::load_model(dir, model);
     Logits mine;

@@ -83,6 +83,7 @@ void write_logits(const std::string& load, const samples::ServingFlags& serving,
   samples::run_ranks(tp * ep, [&]<class Comm>(Comm& world) {
     using P = dsp::Policy<dsp::backend::Host, Comm>;
     dsp::DeviceMesh mesh(world, dsp::ParallelLayout{.tensor = tp, .expert = ep});
+    const dsp::InferenceMode inference;  // weights only: no gradient buffers
     dsp::model::CausalLM<P> model(model_config, mesh, 0);
     dsp::checkpoint::load_model(load, model);
     dsp::serve::Engine<P> engine(model, world, serving.config());
@@ -177,6 +178,7 @@ int main(int argc, char** argv) {
     samples::run_ranks(tp * ep, [&]<class Comm>(Comm& world) {
       using P = dsp::Policy<dsp::backend::Host, Comm>;
       dsp::DeviceMesh mesh(world, dsp::ParallelLayout{.tensor = tp, .expert = ep});
+      const dsp::InferenceMode inference;  // weights only: no gradient buffers
       dsp::model::CausalLM<P> model(model_config, mesh, 0);
       dsp::checkpoint::load_model(load, model);
       dsp::serve::Engine<P> engine(model, world, config);

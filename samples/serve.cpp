@@ -67,6 +67,7 @@ int main(int argc, char** argv) {
                      server->port(), model_dir.c_str(), tp, ep > 1 ? (" x EP" + std::to_string(ep)).c_str() : "");
       }
       dsp::DeviceMesh mesh(world, dsp::ParallelLayout{.tensor = tp, .expert = ep});
+      const dsp::InferenceMode inference;  // weights only: no gradient buffers
       dsp::model::CausalLM<P> model(model_config, mesh, 0);
       dsp::checkpoint::load_model(model_dir, model);
       dsp::serve::Engine<P> engine(model, world, config);

@@ -17,6 +17,7 @@
 
 #include <cmath>
 #include <numeric>
+#include <optional>
 
 #include "dsp/backend/host.hpp"
 #include "dsp/comm/launch.hpp"
@@ -97,6 +98,55 @@ void check_gradients(int tp, bool tied) {
 TEST_CASE("model gradients match central finite differences, TP1/TP2/TP4, tied and untied") {
   for (bool tied : {false, true})
     for (int tp : {1, 2, 4}) check_gradients(tp, tied);
+}
+
+TEST_CASE("a model built in InferenceMode has no gradient buffers, the same values and logits, and refuses backward") {
+  comm::launch(2, [&](comm::ThreadComm& world) {
+    DeviceMesh mesh(world, ParallelLayout{.tensor = 2});
+    const model::ModelConfig c = config(false);
+    const auto before = memory::snapshot();
+    model::CausalLM<P> trained(c, mesh, 42);
+    const auto with_grads = memory::snapshot();
+    std::optional<model::CausalLM<P>> served;
+    {
+      const InferenceMode inference;
+      const InferenceMode nested(false);  // turned off within: gradients again
+      model::CausalLM<P> inner(c, mesh, 42);
+      CHECK_FALSE(inner.inference());
+      for (auto* p : inner.parameters()) CHECK(p->grad.numel() == p->value.numel());
+    }
+    {
+      const InferenceMode inference;
+      served.emplace(c, mesh, 42);
+    }
+    const auto after = memory::snapshot();
+    CHECK(served->inference());
+    CHECK_FALSE(trained.inference());
+    // Gradient bytes: the trained model's every weight again; the served model's none.
+    const auto grads = [](const memory::Snapshot& s) { return s[memory::Category::Gradients].live; };
+    std::int64_t weights = 0;
+    for (auto* p : trained.parameters()) weights += p->value.numel() * static_cast<std::int64_t>(sizeof(float));
+    CHECK(grads(with_grads) - grads(before) == weights);
+    CHECK(grads(after) == grads(with_grads));
+    const auto mine = served->parameters(), theirs = trained.parameters();
+    REQUIRE(mine.size() == theirs.size());
+    for (std::size_t i = 0; i < mine.size(); ++i) {
+      CAPTURE(mine[i]->spec.name);
+      CHECK(mine[i]->grad.numel() == 0);
+      CHECK(std::equal(mine[i]->value.values().begin(), mine[i]->value.values().end(), theirs[i]->value.values().begin(),
+                       theirs[i]->value.values().end()));
+    }
+    const std::vector<std::int32_t> ids{3, 14, 15, 9, 2, 6, 5, 35};
+    const auto ctx = model::ForwardContext::for_training(1, 8);
+    model::ForwardContext serving = ctx;
+    serving.training = false;
+    const Tensor a = served->logits(serving, ids), b = trained.logits(serving, ids);
+    CHECK(std::equal(a.values().begin(), a.values().end(), b.values().begin(), b.values().end()));
+    model::CausalLM<P>::Activations act;
+    const auto l = served->forward(ctx, ids, ids, act);
+    CHECK_THROWS_WITH_AS(served->backward(act, std::vector<float>(l.size(), 1.0f)), doctest::Contains("InferenceMode"),
+                         Error);
+  });
 }
 
 }  // namespace model_model_gradients_test

@@ -117,6 +117,7 @@ inline Run serve_requests(int tp, const serve::EngineConfig& config, const std::
       else return *own;
     }();
     DeviceMesh mesh(world, ParallelLayout{.tensor = tp});
+    const InferenceMode inference;  // as dsp-serve builds its model: weights only
     model::CausalLM<P> model(model_config, mesh, kServingSeed);
     serve::Engine<P> engine(model, world, config);
     Run& run = by_rank[static_cast<std::size_t>(world.rank())];

@@ -45,6 +45,7 @@ void import_hugging_face(const std::filesystem::path& hf_dir, const std::filesys
   using P = Policy<backend::Host, Comm>;
   const model::ModelConfig config = read_hf_config(hf_dir);
   DeviceMesh<Comm> mesh(world, ParallelLayout{.tensor = world.size()});
+  const InferenceMode inference;  // values only: no gradient buffers
   model::CausalLM<P> model(config, mesh, /*seed=*/0);  // its random values are all overwritten
   load_model(hf_dir, model);
   std::optional<AtomicDir> staging;

@@ -32,6 +32,7 @@
 #include "dsp/model/part_range.hpp"
 #include "dsp/model/parts.hpp"
 #include "dsp/parallel/device_mesh.hpp"
+#include "dsp/parallel/inference_mode.hpp"
 #include "dsp/tp/vocab_parallel_cross_entropy.hpp"
 #include "dsp/tp/vocab_parallel_embedding.hpp"
 
@@ -174,7 +175,10 @@ class CausalLM {
   /// its gradient for the step is final, in grad_ready_order(), except the tied embedding of
   /// a model split over stages (tied_embedding()), whose gradient is final only once the
   /// caller summed it between the first and last stage.
+  /// Throws Error when the model was built in an InferenceMode scope (it has no gradients).
   Tensor backward(Activations& act, const Tensor& dy, const GradReadyFn* on_grad_ready = nullptr) {
+    DSP_CHECK(!inference_, "CausalLM::backward: the model was built in an InferenceMode scope and has no "
+              "gradients; build it outside one to train it");
     trace::Span span("backward", trace::Kind::Compute);
     const auto ready = [&](Parameter& p) {
       if (on_grad_ready && &p != tied_embedding()) (*on_grad_ready)(p);
@@ -322,6 +326,9 @@ class CausalLM {
     return embed_ ? &embed_->weight() : nullptr;
   }
 
+  /// True when the model was built in an InferenceMode scope: its parameters have no gradients.
+  bool inference() const { return inference_; }
+
   void zero_grad() {
     for (auto* p : parameters()) p->grad.zero();
   }
@@ -413,6 +420,7 @@ class CausalLM {
   }
 
   ModelConfig config_;
+  bool inference_ = inference_mode();  // built in an InferenceMode scope: no gradients
   PartRange layers_;
   ModelParts spec_;
   Comm* tp_;

@@ -9,6 +9,7 @@
 
 #include "dsp/core/rng.hpp"
 #include "dsp/core/tensor.hpp"
+#include "dsp/parallel/inference_mode.hpp"
 #include "dsp/parallel/sharded_tensor.hpp"
 
 namespace dsp {
@@ -33,7 +34,8 @@ struct ParameterSpec {
 };
 
 /// One trainable tensor on one rank: `value` and `grad` have shape spec.local_shape(tp). The
-/// value counts as memory::Category::Parameters, the gradient as Gradients.
+/// value counts as memory::Category::Parameters, the gradient as Gradients. Built in an
+/// InferenceMode scope, `grad` is empty (no buffer).
 struct Parameter {
   ShardedTensor spec;
   Tensor value;
@@ -56,14 +58,14 @@ struct Parameter {
   Parameter(ShardedTensor s, Init init, std::uint64_t seed, int tp_size, int tp_rank)
       : spec(std::move(s)),
         value(initial_values(spec, init, seed, tp_size, tp_rank)),
-        grad(spec.local_shape(tp_size), memory::Category::Gradients),
+        grad(inference_mode() ? Tensor{} : Tensor(spec.local_shape(tp_size), memory::Category::Gradients)),
         weight_decay(spec.global_shape.size() >= 2) {}
 
   /// Builds the local shard of `p` as above, with its flags; a buffer gets no gradient.
   Parameter(const ParameterSpec& p, std::uint64_t seed, int tp_size, int tp_rank)
       : spec(p.tensor),
         value(initial_values(spec, p.init, seed, tp_size, tp_rank)),
-        grad(p.buffer ? Tensor{} : Tensor(spec.local_shape(tp_size), memory::Category::Gradients)),
+        grad(p.buffer || inference_mode() ? Tensor{} : Tensor(spec.local_shape(tp_size), memory::Category::Gradients)),
         weight_decay(spec.global_shape.size() >= 2),
         tied_copy(p.tied_copy),
         expert(p.expert) {}

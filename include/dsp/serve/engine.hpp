@@ -285,8 +285,8 @@ class Engine {
     const std::int64_t processes = local ? std::max(1, std::atoi(local)) : 1;
     return detail::host_memory_bytes() / ranks_per_process() / processes;
   }
-  // Bytes the model holds on this rank: its parameters, their gradient buffers (a model built
-  // as for training has them, although serving never writes one) and the packed copies.
+  // Bytes the model holds on this rank: its parameters, their gradient buffers (none in a model
+  // built in an InferenceMode scope, as dsp-serve builds it) and the packed copies.
   std::int64_t model_bytes() {
     std::int64_t n = packed_.bytes();
     for (auto* p : model_->parameters())
