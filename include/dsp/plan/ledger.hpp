@@ -260,7 +260,9 @@ inline std::int64_t kv_cache_blocks(const model::ModelConfig& c, int tp, std::in
   return std::max<std::int64_t>(0, budget_bytes) / kv_cache_bytes_per_block(c, tp, block_size, dtype_bytes);
 }
 
-/// Per-rank bytes of serving: parameters (weights), activations (the KV cache) and workspace
+/// Per-rank bytes of serving: parameters (weights only: a model built in an InferenceMode
+/// scope, as dsp-serve builds it; on an AVX-512 host serve::Engine holds one more copy of its
+/// matmul weights, packed, which is not counted), activations (the KV cache) and workspace
 /// (a prefill of batch x tokens: its logits [n, V/t] plus one layer's forward temporaries,
 /// an estimate). Throws ConfigError when the model does not split over plan.tensor.
 inline MemoryLedger predict_serving(const ServingPlan& plan) {
