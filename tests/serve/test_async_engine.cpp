@@ -54,7 +54,9 @@ TEST_CASE("AsyncEngine: concurrent clients on TP2 get their solo tokens; abort, 
     test::Arrival a;
     a.id = test::request_id(i);
     for (int t = 0; t < 3 + 7 * i; ++t) a.prompt.push_back(static_cast<std::int32_t>((5 * i + 3 * t) % 120));
-    a.params.max_tokens = 6 + i;
+    // The clients that hang up after 2 tokens ask for many more, so that the abort normally
+    // lands first; one that lands after the last token finds the request finished by length.
+    a.params.max_tokens = i >= clients - aborted ? 60 : 6 + i;
     if (i % 3 == 1) {
       a.params.temperature = 0.8f;
       a.params.seed = 11 + i;
@@ -90,7 +92,18 @@ TEST_CASE("AsyncEngine: concurrent clients on TP2 get their solo tokens; abort, 
             std::this_thread::sleep_for(std::chrono::milliseconds(3 * i));  // arrivals spread over steps
             auto queue = std::make_shared<serve::OutputQueue>();
             test::Arrival& a = solo[static_cast<std::size_t>(i)];
-            const auto ids = async.submit({{a.prompt, a.params}}, queue);
+            // A full queue (a slow machine: 8 requests still without a first token) is retried,
+            // as an OpenAI client retries a 503; bounded: 60 s.
+            std::vector<std::string> ids;
+            const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+            while (ids.empty() && std::chrono::steady_clock::now() < deadline) {
+              try {
+                ids = async.submit({{a.prompt, a.params}}, queue);
+              } catch (const serve::ServerBusy&) {
+                std::this_thread::sleep_for(std::chrono::milliseconds(2));
+              }
+            }
+            if (ids.empty()) return;  // no result: the checks below fail
             const bool abort_it = i >= clients - aborted;
             AsyncClientResult r = collect_outputs(*queue, [&](const AsyncClientResult& so_far) {
               if (abort_it && so_far.tokens.size() == 2) async.abort(ids);  // a client that hangs up
@@ -117,24 +130,27 @@ TEST_CASE("AsyncEngine: concurrent clients on TP2 get their solo tokens; abort, 
   CHECK(queue_full_refused);
   CHECK(drain_refused);
   REQUIRE(results.size() == static_cast<std::size_t>(clients));
+  int aborts = 0;
   for (int i = 0; i < clients; ++i) {
     CAPTURE(i);
     const AsyncClientResult& r = results.at(i);
     const auto& ref = alone.at(test::request_id(i));
     REQUIRE(r.finish.has_value());
-    if (i >= clients - aborted) {
-      CHECK(*r.finish == serve::FinishReason::Abort);
+    if (i >= clients - aborted && *r.finish == serve::FinishReason::Abort) {
+      ++aborts;
       REQUIRE(r.tokens.size() >= 2);
+      REQUIRE(r.tokens.size() <= ref.size());
       CHECK(std::equal(r.tokens.begin(), r.tokens.end(), ref.begin()));  // a prefix of its solo tokens
     } else {
       CHECK(*r.finish == serve::FinishReason::Length);
       CHECK(r.tokens == ref);
     }
   }
+  CHECK(aborts >= 1);  // 58 tokens after the second: an abort lands first but on a stalled machine
   CHECK(used_blocks == 0);
   const auto has = [&](const std::string& line) { return metrics.find(line + "\n") != std::string::npos; };
-  CHECK(has("dsp:request_success_total{finished_reason=\"length\"} " + std::to_string(clients - aborted)));
-  CHECK(has("dsp:request_success_total{finished_reason=\"abort\"} " + std::to_string(aborted)));
+  CHECK(has("dsp:request_success_total{finished_reason=\"length\"} " + std::to_string(clients - aborts)));
+  CHECK(has("dsp:request_success_total{finished_reason=\"abort\"} " + std::to_string(aborts)));
   CHECK(has("dsp:time_to_first_token_seconds_count " + std::to_string(clients)));
   CHECK(has("dsp:e2e_request_latency_seconds_count " + std::to_string(clients)));
   CHECK(has("dsp:kv_cache_used_blocks 0"));
