@@ -78,6 +78,7 @@ std::vector<dsp::Tensor> pipeline_logits(const std::string& dir, int tp, int pp,
     dsp::DeviceMesh mesh(world, dsp::ParallelLayout{.tensor = tp, .pipeline = pp});
     auto& tensor = mesh.tensor_group();
     const int r = mesh.pp_rank();
+    const dsp::InferenceMode inference;  // weights only: no gradient buffers
     dsp::pp::PipelineStage<samples::HostPolicy> stage(config, tensor, stages[static_cast<std::size_t>(r)], 0);
     dsp::checkpoint::load_into(dir, dsp::checkpoint::stage_state(stage, dsp::checkpoint::StateUse::Load),
                                tp, mesh.tp_rank());  // a last stage's tied copy too

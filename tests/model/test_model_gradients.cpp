@@ -110,15 +110,16 @@ TEST_CASE("a model built in InferenceMode has no gradient buffers, the same valu
     std::optional<model::CausalLM<P>> served;
     {
       const InferenceMode inference;
-      const InferenceMode nested(false);  // turned off within: gradients again
-      model::CausalLM<P> inner(c, mesh, 42);
-      CHECK_FALSE(inner.inference());
-      for (auto* p : inner.parameters()) CHECK(p->grad.numel() == p->value.numel());
-    }
-    {
-      const InferenceMode inference;
+      {
+        const InferenceMode nested(false);  // turned off within: gradients again
+        model::CausalLM<P> inner(c, mesh, 42);
+        CHECK_FALSE(inner.inference());
+        for (auto* p : inner.parameters()) CHECK(p->grad.numel() == p->value.numel());
+      }
+      CHECK(inference_mode());  // the enclosing scope's state is back
       served.emplace(c, mesh, 42);
     }
+    CHECK_FALSE(inference_mode());
     const auto after = memory::snapshot();
     CHECK(served->inference());
     CHECK_FALSE(trained.inference());
@@ -147,6 +148,18 @@ TEST_CASE("a model built in InferenceMode has no gradient buffers, the same valu
     CHECK_THROWS_WITH_AS(served->backward(act, std::vector<float>(l.size(), 1.0f)), doctest::Contains("InferenceMode"),
                          Error);
   });
+}
+
+TEST_CASE("InferenceMode belongs to the thread that opens it: a rank thread launched inside it builds gradients") {
+  const InferenceMode inference;
+  comm::launch(1, [&](comm::ThreadComm& world) {
+    CHECK_FALSE(inference_mode());
+    DeviceMesh mesh(world, ParallelLayout{});
+    model::CausalLM<P> m(config(true), mesh, 42);
+    CHECK_FALSE(m.inference());
+    for (auto* p : m.parameters()) CHECK(p->grad.numel() == p->value.numel());
+  });
+  CHECK(inference_mode());
 }
 
 }  // namespace model_model_gradients_test

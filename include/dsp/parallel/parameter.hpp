@@ -53,8 +53,8 @@ struct Parameter {
   /// Builds the local shard of TP rank `tp_rank` of `tp_size`. Element (global flat index g)
   /// is std * N(0,1) drawn from CounterRng(seed, spec.name) at g, so every layout holds the
   /// same global values; padding is zero. Throws ConfigError when the spec cannot split.
-  /// Both live in the calling thread's current memory space (values drawn on the host, then
-  /// copied there).
+  /// `value` (and `grad`, when there is one) live in the calling thread's current memory space
+  /// (values drawn on the host, then copied there).
   Parameter(ShardedTensor s, Init init, std::uint64_t seed, int tp_size, int tp_rank)
       : spec(std::move(s)),
         value(initial_values(spec, init, seed, tp_size, tp_rank)),
