@@ -6,29 +6,18 @@
 // gemm_batch_invariant.hpp has the why and the order). The other ops of a forward pass (norms,
 // RoPE, activations, the paged attention) already compute each row or token on its own. The
 // scope is the thread's, like MatmulPrecisionScope; serve::Engine opens one on every rank.
+#include "dsp/core/thread_scope.hpp"
+
 namespace dsp::backend {
-
-namespace detail {
-inline bool& batch_invariant_state() {
-  thread_local bool on = false;
-  return on;
-}
-}  // namespace detail
-
-/// True inside a BatchInvariantScope of the calling thread.
-inline bool batch_invariant() { return detail::batch_invariant_state(); }
 
 /// Makes the calling thread's linear_forward batch-invariant until the scope ends, then
 /// restores the previous setting (scopes nest). Belongs to one thread's stack.
-class BatchInvariantScope {
+class BatchInvariantScope : public ThreadScope<BatchInvariantScope, bool> {
  public:
-  explicit BatchInvariantScope(bool on = true) : previous_(batch_invariant()) { detail::batch_invariant_state() = on; }
-  ~BatchInvariantScope() { detail::batch_invariant_state() = previous_; }
-  BatchInvariantScope(const BatchInvariantScope&) = delete;
-  BatchInvariantScope& operator=(const BatchInvariantScope&) = delete;
-
- private:
-  bool previous_;
+  explicit BatchInvariantScope(bool on = true) : ThreadScope(on) {}
 };
+
+/// True inside a BatchInvariantScope of the calling thread.
+inline bool batch_invariant() { return BatchInvariantScope::current(); }
 
 }  // namespace dsp::backend

@@ -22,36 +22,22 @@
 #include "dsp/backend/host/gemm.hpp"
 #include "dsp/backend/host/gemm_rounded.hpp"
 #include "dsp/core/dtype.hpp"
+#include "dsp/core/thread_scope.hpp"
 
 namespace dsp::backend {
 
 /// What matmul() rounds its inputs to.
 enum class MatmulPrecision { Fp32, Bf16, Fp16 };
 
-namespace detail {
-inline MatmulPrecision& matmul_precision_state() {
-  thread_local MatmulPrecision p = MatmulPrecision::Fp32;
-  return p;
-}
-}  // namespace detail
-
-/// The calling thread's matmul precision: the innermost MatmulPrecisionScope's; Fp32 outside any.
-inline MatmulPrecision matmul_precision() { return detail::matmul_precision_state(); }
-
 /// Makes `p` the calling thread's matmul precision until the scope ends, then restores the
 /// previous one (scopes nest). Belongs to one thread's stack.
-class MatmulPrecisionScope {
+class MatmulPrecisionScope : public ThreadScope<MatmulPrecisionScope, MatmulPrecision> {
  public:
-  explicit MatmulPrecisionScope(MatmulPrecision p) : previous_(matmul_precision()) {
-    detail::matmul_precision_state() = p;
-  }
-  ~MatmulPrecisionScope() { detail::matmul_precision_state() = previous_; }
-  MatmulPrecisionScope(const MatmulPrecisionScope&) = delete;
-  MatmulPrecisionScope& operator=(const MatmulPrecisionScope&) = delete;
-
- private:
-  MatmulPrecision previous_;
+  explicit MatmulPrecisionScope(MatmulPrecision p) : ThreadScope(p) {}
 };
+
+/// The calling thread's matmul precision: the innermost MatmulPrecisionScope's; Fp32 outside any.
+inline MatmulPrecision matmul_precision() { return MatmulPrecisionScope::current(); }
 
 /// gemm's contract (row-major C[m, n] = alpha op(A) op(B) + beta C, fp32 C) in the calling
 /// thread's matmul precision: Backend's fp32 gemm, or its gemm_rounded with A and B rounded to

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "dsp/core/memory.hpp"
+#include "dsp/core/thread_scope.hpp"
 
 namespace dsp {
 
@@ -69,16 +70,16 @@ class MemorySpace {
   virtual std::optional<std::int64_t> capacity_bytes() const { return std::nullopt; }
 };
 
-namespace detail {
-inline MemorySpace*& current_space() {
-  thread_local MemorySpace* space = nullptr;
-  return space;
-}
-}  // namespace detail
+/// Makes `space` (null: host memory) the calling thread's current memory space until the scope
+/// ends, then restores the previous one (scopes nest). Belongs to one thread's stack.
+class MemorySpaceScope : public ThreadScope<MemorySpaceScope, MemorySpace*> {
+ public:
+  explicit MemorySpaceScope(MemorySpace* space) : ThreadScope(space) {}
+};
 
 /// The calling thread's current memory space: the innermost MemorySpaceScope's; null (host
 /// memory) outside any.
-inline MemorySpace* current_memory_space() { return detail::current_space(); }
+inline MemorySpace* current_memory_space() { return MemorySpaceScope::current(); }
 
 /// The calling thread's counters of the memory tensors go to in `space` (default: the current
 /// one): the space's own (a device's) when it has them, else the host counters.
@@ -92,21 +93,6 @@ inline void reset_space_peak(MemorySpace* space = current_memory_space()) {
   if (space && space->snapshot()) space->reset_peak();
   else memory::reset_peak();
 }
-
-/// Makes `space` (null: host memory) the calling thread's current memory space until the scope
-/// ends, then restores the previous one (scopes nest). Belongs to one thread's stack.
-class MemorySpaceScope {
- public:
-  explicit MemorySpaceScope(MemorySpace* space) : previous_(current_memory_space()) {
-    detail::current_space() = space;
-  }
-  ~MemorySpaceScope() { detail::current_space() = previous_; }
-  MemorySpaceScope(const MemorySpaceScope&) = delete;
-  MemorySpaceScope& operator=(const MemorySpaceScope&) = delete;
-
- private:
-  MemorySpace* previous_;
-};
 
 /// Memory in a MemorySpace: owning, move-only; freed through the space.
 class SpaceAllocation {

@@ -20,6 +20,7 @@
 #include "dsp/backend/host/parallel_for.hpp"
 #include "dsp/core/error.hpp"
 #include "dsp/core/memory.hpp"
+#include "dsp/core/thread_scope.hpp"
 
 namespace dsp::backend {
 
@@ -84,30 +85,15 @@ class PackedWeights {
   std::unique_ptr<std::atomic<std::int64_t>> reads_ = std::make_unique<std::atomic<std::int64_t>>(0);
 };
 
-namespace detail {
-inline const PackedWeights*& packed_weights_state() {
-  thread_local const PackedWeights* current = nullptr;
-  return current;
-}
-}  // namespace detail
-
-/// The PackedWeights of the calling thread's innermost PackedWeightsScope (nullptr outside).
-inline const PackedWeights* packed_weights() { return detail::packed_weights_state(); }
-
 /// Makes the calling thread's batch-invariant GEMMs read `weights`' panels for the weights it
 /// holds until the scope ends, then restores the previous setting (scopes nest). Belongs to
 /// one thread's stack; `weights` must outlive it.
-class PackedWeightsScope {
+class PackedWeightsScope : public ThreadScope<PackedWeightsScope, const PackedWeights*> {
  public:
-  explicit PackedWeightsScope(const PackedWeights* weights) : previous_(packed_weights()) {
-    detail::packed_weights_state() = weights;
-  }
-  ~PackedWeightsScope() { detail::packed_weights_state() = previous_; }
-  PackedWeightsScope(const PackedWeightsScope&) = delete;
-  PackedWeightsScope& operator=(const PackedWeightsScope&) = delete;
-
- private:
-  const PackedWeights* previous_;
+  explicit PackedWeightsScope(const PackedWeights* weights) : ThreadScope(weights) {}
 };
+
+/// The PackedWeights of the calling thread's innermost PackedWeightsScope (nullptr outside).
+inline const PackedWeights* packed_weights() { return PackedWeightsScope::current(); }
 
 }  // namespace dsp::backend
