@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "dsp/serve/sampler.hpp"
@@ -134,6 +135,16 @@ TEST_CASE("non-finite logits are an error, not a crash") {
   CHECK_THROWS_WITH_AS(dsp::serve::sample_token(row, 3, p, 0, 0), doctest::Contains("non-finite logits"), dsp::Error);
   p.temperature = 0.0f;
   CHECK_THROWS_AS(dsp::serve::sample_token(row, 3, p, 0, 0), dsp::Error);
+  // With penalties too: saturating the penalised values must not hide a diverged model.
+  for (float bad : {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(), std::nanf("")}) {
+    CAPTURE(bad);
+    std::vector<float> penalised{bad, 1.0f, 2.0f};
+    const dsp::serve::SamplingParams q{.repetition_penalty = 1.5f, .presence_penalty = 0.5f};
+    const std::vector<std::int32_t> seen{0};
+    dsp::serve::apply_penalties(penalised, 3, q, seen, seen);
+    CHECK_THROWS_WITH_AS(dsp::serve::sample_token(penalised, 3, q, 0, 0), doctest::Contains("non-finite logits"),
+                         dsp::Error);
+  }
 }
 
 TEST_CASE("penalties at the ends of their range saturate instead of making a logit infinite") {

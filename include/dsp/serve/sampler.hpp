@@ -39,9 +39,12 @@ inline std::int32_t sample_token(std::span<const float> logits_row, std::int64_t
   DSP_CHECK(vocab >= 1 && static_cast<std::int64_t>(logits_row.size()) >= vocab, "sample_token: a row of ",
             logits_row.size(), " logits cannot hold a vocabulary of ", vocab);
   const auto real = logits_row.first(static_cast<std::size_t>(vocab));
-  for (std::size_t i = 0; i < real.size(); ++i)
+  std::size_t best = 0;  // the argmax, lowest index on ties: found in the pass that checks the row
+  for (std::size_t i = 0; i < real.size(); ++i) {
     DSP_CHECK(std::isfinite(real[i]), "logit of token ", i, " is ", real[i], ": the model produced non-finite logits");
-  if (params.greedy()) return static_cast<std::int32_t>(std::max_element(real.begin(), real.end()) - real.begin());
+    if (real[i] > real[best]) best = i;
+  }
+  if (params.greedy()) return static_cast<std::int32_t>(best);
 
   // Token ids by decreasing logit (= decreasing probability), lower id first on ties; only
   // the first `kept` need to be ordered.
@@ -116,7 +119,8 @@ inline TokenLogprobs token_logprobs(std::span<const float> logits_row, std::int6
 /// and the presence penalty once. Only the first `vocab` entries are touched; ids outside
 /// [0, vocab) in the lists are ignored. A result beyond fp32's range saturates at +/- FLT_MAX
 /// (a repetition penalty of 1e-40 divides a logit past it), so that no request's values can
-/// make a logit infinite, which sample_token refuses as a diverged model.
+/// make a logit infinite, which sample_token refuses as a diverged model; a logit that is not
+/// finite already (the model's) is left as it is, so the request fails as an unpenalised one.
 inline void apply_penalties(std::span<float> logits_row, std::int64_t vocab, const SamplingParams& params,
                             std::span<const std::int32_t> prompt, std::span<const std::int32_t> output) {
   if (!params.penalised()) return;
@@ -132,6 +136,7 @@ inline void apply_penalties(std::span<float> logits_row, std::int64_t vocab, con
     }
   for (std::size_t i = 0; i < v; ++i) {
     float& l = logits_row[i];
+    if (!std::isfinite(l)) continue;  // the model's own non-finite logit stays, for sample_token to refuse
     if (seen[i] && params.repetition_penalty != 1.0f)
       l = l > 0.0f ? l / params.repetition_penalty : l * params.repetition_penalty;
     if (count[i] > 0)

@@ -1,6 +1,6 @@
 #pragma once
 // parallel_for: the host ops' own compute threads, for the kernels dsp writes itself (the
-// batch-invariant GEMM, paged attention); OpenBLAS keeps its own pool for its GEMMs. Each rank
+// batch-invariant GEMM, paged attention, SwiGLU through parallel_for_rows); OpenBLAS keeps its own pool for its GEMMs. Each rank
 // thread owns a pool of threads_per_rank() - 1 helpers (core/threads.hpp: ranks x threads <=
 // cores), created on its first parallel call and joined when the rank thread ends. The caller
 // works too. Helpers spin briefly for the next job before they sleep, so the back-to-back
@@ -133,6 +133,20 @@ inline void parallel_for(Host h, std::int64_t n, const std::function<void(std::i
     return;
   }
   detail::host_worker_pool().run(n, task);
+}
+
+/// Elements of one block of parallel_for_rows: enough work (tens of microseconds of an
+/// elementwise op with an exp) to outweigh handing the block to a helper.
+constexpr std::int64_t parallel_rows_block_elements = 8192;
+
+/// Calls task(r0, r1) for consecutive blocks of whole rows covering [0, rows), each of
+/// max(1, parallel_rows_block_elements / row_elements) rows (the last may be shorter), through
+/// parallel_for: for row-wise elementwise ops of row_elements values per row. A single block (a
+/// decode step of one token) runs on the caller alone.
+inline void parallel_for_rows(Host h, std::int64_t rows, std::int64_t row_elements,
+                              const std::function<void(std::int64_t, std::int64_t)>& task) {
+  const std::int64_t per = std::max<std::int64_t>(1, parallel_rows_block_elements / std::max<std::int64_t>(1, row_elements));
+  parallel_for(h, (rows + per - 1) / per, [&](std::int64_t b) { task(b * per, std::min(rows, (b + 1) * per)); });
 }
 
 }  // namespace dsp::backend
