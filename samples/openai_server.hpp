@@ -11,7 +11,7 @@
 // Every answer to bad input is a 4xx with OpenAI's error JSON, never a 500: malformed JSON, a
 // wrong field type, a value out of range, an empty prompt, an over-long request (400), an
 // unknown model (404), a missing or wrong API key (401), an unknown path (404), a known path
-// with another method (405), a chunked request body (411: bodies need a Content-Length), a
+// with another method (405), a chunked or missing request body (411: bodies need a Content-Length), a
 // body over 16 MiB (413); a full queue or a draining server answers 503. Streams are
 // server-sent events (`data: {chunk}` ... `data: [DONE]`), one chunk per generated token.
 // Whole responses are sent with chunked transfer encoding (to HTTP/1.0 clients: until the
@@ -179,18 +179,25 @@ class OpenAiServer {
       return httplib::Server::HandlerResponse::Handled;
     });
     // Statuses httplib sets itself (an unknown path: 404; a body too large: 413; a malformed
-    // request line: 400) get OpenAI's error JSON too.
+    // request line: 400) get OpenAI's error JSON too. httplib answers a POST, PUT or PATCH
+    // without a Content-Length with 400 before routing; its status here is the one the same
+    // request with a body gets (404 unknown path, 405 another method), or 411 on a POST path.
     server_.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
       if (!res.body.empty()) return;
       static const std::set<std::string> get_paths{"/health", "/version", "/metrics", "/v1/models"},
           post_paths{"/v1/completions", "/v1/chat/completions"};
+      const bool body_method = req.method == "POST" || req.method == "PUT" || req.method == "PATCH";
+      if (res.status == 400 && body_method && !req.has_header("Content-Length"))
+        res.status = req.method == "POST" && post_paths.contains(req.path) ? 411 : 404;
       if (res.status == 404 && (get_paths.contains(req.path) || post_paths.contains(req.path))) {
         res.status = 405;
         res.set_header("Allow", get_paths.contains(req.path) ? "GET" : "POST");
       }
       const std::string message = res.status == 404   ? "no route " + req.method + " " + req.path
                                   : res.status == 405 ? req.method + " is not allowed on " + req.path
+                                  : res.status == 411 ? std::string("send the request body (JSON) with a Content-Length header")
                                   : res.status == 413 ? std::string("the request body is over the limit (16 MiB; 8 KiB as a form: send Content-Type: application/json)")
+                                  : res.status == 400 ? std::string("malformed HTTP request")
                                                       : "HTTP " + std::to_string(res.status);
       detail::send_error(res, oa::ApiError(res.status, message));
     });

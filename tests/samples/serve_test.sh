@@ -103,11 +103,17 @@ generate_text() {
 }
 generated=$(generate_text --temperature 0.8 --seed 7; echo .)
 [ "${generated%.}" = "$text" ] && ok || fail "sampled HTTP text differs from dsp-generate's: '$text' vs '${generated%.}'"
-greedy=$(post /v1/completions "{\"prompt\": \"$prompt\", \"max_tokens\": 48}" | jq -j '.choices[0].text'; echo .)
+greedy=$(post /v1/completions "{\"prompt\": \"$prompt\", \"max_tokens\": 48, \"temperature\": 0}" | jq -j '.choices[0].text'; echo .)
 generated=$(generate_text; echo .)
 [ "${generated%.}" = "${greedy%.}" ] && ok || fail "greedy HTTP text differs from dsp-generate's: '${greedy%.}' vs '${generated%.}'"
+# Without a temperature a request samples at 1, as OpenAI's and vLLM's servers do: seeded, it
+# equals the same request at temperature 1 and (for this prompt and seed) differs from greedy.
+default_t=$(post /v1/completions "{\"prompt\": \"$prompt\", \"max_tokens\": 48, \"seed\": 7}" | jq -j '.choices[0].text'; echo .)
+one_t=$(post /v1/completions "{\"prompt\": \"$prompt\", \"max_tokens\": 48, \"seed\": 7, \"temperature\": 1}" | jq -j '.choices[0].text'; echo .)
+[ "$default_t" = "$one_t" ] && [ "$default_t" != "$greedy" ] && ok \
+  || fail "the default temperature is not 1: '${default_t%.}' (default) vs '${one_t%.}' (1) vs '${greedy%.}' (0)"
 
-chat='{"messages": [{"role": "system", "content": "Speak as Romeo."}, {"role": "user", "content": "Who art thou?"}], "max_tokens": 40'
+chat='{"messages": [{"role": "system", "content": "Speak as Romeo."}, {"role": "user", "content": "Who art thou?"}], "max_tokens": 40, "temperature": 0'
 reply=$(post /v1/chat/completions "$chat}")
 [ "$(jq -r '.object' <<<"$reply")" = chat.completion ] && [ "$(jq -r '.choices[0].message.role' <<<"$reply")" = assistant ] \
   && [ "$(jq -r '.usage.completion_tokens' <<<"$reply")" = 40 ] && ok || fail "chat: $reply"
@@ -116,7 +122,7 @@ post /v1/chat/completions "$chat, \"stream\": true}" >"$work/chat_stream"
 [ "$(grep -m1 '^data: {' "$work/chat_stream" | sed 's/^data: //' | jq -r '.choices[0].delta.role')" = assistant ] && ok \
   || fail "chat stream: the first chunk has no role"
 # Several prompts and n choices: OpenAI's index order (prompt-major), each greedy choice alike.
-multi=$(post /v1/completions '{"prompt": ["ROMEO:", [74, 85, 76]], "n": 2, "max_tokens": 8, "logprobs": 2}')
+multi=$(post /v1/completions '{"prompt": ["ROMEO:", [74, 85, 76]], "n": 2, "max_tokens": 8, "logprobs": 2, "temperature": 0}')
 [ "$(jq -c '[.choices[].index]' <<<"$multi")" = '[0,1,2,3]' ] && [ "$(jq -r '.choices[0].text == .choices[1].text' <<<"$multi")" = true ] \
   && [ "$(jq -r '.choices[0].logprobs.top_logprobs[0] | length' <<<"$multi")" = 2 ] && [ "$(jq -r .usage.prompt_tokens <<<"$multi")" = 9 ] \
   && ok || fail "multi-prompt completion: $multi"
@@ -138,6 +144,13 @@ expect_error "chat without messages" 400 messages "required" '{"prompt": "x"}' /
 expect_error "unknown path" 404 "" "no route" '{}' /v1/embeddings
 [ "$(curl -s -o "$work/body" -w '%{http_code}' -X GET "$(url /v1/completions)")" = 405 ] && [ "$(jq -r .error.type "$work/body")" = invalid_request_error ] \
   && ok || fail "GET /v1/completions: $(cat "$work/body")"
+# Without a body (no Content-Length) a request gets the status it gets with one, a POST path 411.
+for case in "POST /v1/completions 411 Content-Length" "PUT /v1/completions 405 not allowed" "POST /v1/models 405 not allowed" \
+    "POST /v1/nothing 404 no route"; do
+  read -r method path want words <<<"$case"
+  got=$(curl -s -o "$work/body" -w '%{http_code}' -X "$method" "$(url "$path")")
+  [ "$got" = "$want" ] && jq -r .error.message "$work/body" | grep -qF "$words" && ok || fail "$method $path without a body: $got $(cat "$work/body")"
+done
 [ "$(curl -s -o "$work/body" -w '%{http_code}' -H 'Transfer-Encoding: chunked' "$(url /v1/completions)" -H 'Content-Type: application/json' \
     -d '{"prompt": "x"}')" = 411 ] && ok || fail "a chunked request body: $(cat "$work/body")"
 # Values at the ends of their ranges: a repetition penalty of 1e-40 saturates logits, no crash.

@@ -36,7 +36,7 @@ TEST_CASE("completions: prompt forms, defaults and fields") {
   REQUIRE(r.prompts.size() == 1);
   CHECK(r.prompts[0] == std::vector<std::int32_t>{'H', 'i'});
   CHECK(r.params[0].max_tokens == 16);  // OpenAI's default
-  CHECK(r.params[0].greedy());
+  CHECK(r.params[0].temperature == 1.0f);  // OpenAI's and vLLM's default: sampled, not greedy
   CHECK(!r.stream);
   CHECK(r.model == "demo");
 
@@ -172,6 +172,7 @@ TEST_CASE("chat: the template, max_tokens' default and logprobs") {
   CHECK(r.prompts[0] == std::vector<std::int32_t>(prompt.begin(), prompt.end()));
   CHECK(r.params[0].max_tokens == 128 - static_cast<std::int64_t>(prompt.size()));  // vLLM's default: what is left
   CHECK(!r.params[0].logprobs);
+  CHECK(r.params[0].temperature == 1.0f);  // as for completions
 
   r = oa::parse_chat_request(json::parse(R"({"messages": [{"role": "user", "content": "x"}], "logprobs": true,
     "top_logprobs": 3, "max_completion_tokens": 4})"),

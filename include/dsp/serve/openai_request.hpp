@@ -9,7 +9,8 @@
 // an ApiError with status 400 naming the field (OpenAI's `param`) and the value; an unknown
 // model name is a 404. Fields this server does not implement with a non-default value (echo,
 // best_of != n, suffix, logit_bias, tools) are refused rather than ignored; fields it does not
-// know are ignored, as OpenAI's API ignores them.
+// know are ignored, as OpenAI's API ignores them. An absent field takes OpenAI's default:
+// temperature 1 (sampled; 0 asks for greedy), max_tokens 16 for a completion.
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -283,6 +284,7 @@ inline void refuse_unsupported(const nlohmann::json& body, std::int64_t n) {
 // The sampling fields common to both endpoints.
 inline SamplingParams sampling(const nlohmann::json& body, ParsedRequest& r) {
   SamplingParams p;
+  p.temperature = 1.0f;  // OpenAI's and vLLM's default for an absent field (SamplingParams' own 0 is greedy)
   if (auto v = number(body, "temperature")) p.temperature = as_float("temperature", *v);
   if (auto v = number(body, "top_p")) p.top_p = as_float("top_p", *v);
   if (auto v = integer(body, "top_k")) p.top_k = *v;
