@@ -5,6 +5,11 @@
 // does not matter.
 #include <doctest/doctest.h>
 
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
 #include <thread>
 #include <utility>
 
@@ -20,6 +25,19 @@ namespace {
 
 // Live bytes of category c now minus in `before`.
 std::int64_t grown(const memory::Snapshot& before, Category c) { return memory::snapshot()[c].live - before[c].live; }
+
+// The "VmFlags:" line the kernel shows for the mapping that holds address a (/proc/self/smaps),
+// empty when there is none.
+std::string vm_flags(std::uintptr_t a) {
+  std::ifstream smaps("/proc/self/smaps");
+  bool holds = false;
+  for (std::string line; std::getline(smaps, line);) {
+    unsigned long lo = 0, hi = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2) holds = lo <= a && a < hi;
+    else if (holds && line.starts_with("VmFlags:")) return line + " ";
+  }
+  return {};
+}
 
 }  // namespace
 
@@ -131,6 +149,19 @@ TEST_CASE("memory categories: each thread has its own counters and its own curre
   CHECK(other_grown == 4000);
   CHECK(other_gradients == 40);
   CHECK(memory::live_bytes() == before.total.live);  // nothing of the other thread counted here
+}
+
+TEST_CASE("memory: a Parameters block of 4 MiB or more is advised to use huge pages (the kernel marks it hg)") {
+  if (!std::filesystem::exists("/sys/kernel/mm/transparent_hugepage/enabled")) {
+    MESSAGE("skipped: no transparent huge pages on this system");
+    return;
+  }
+  const Tensor weight({1024, 2048}, Category::Parameters);  // 8 MiB
+  const auto first = reinterpret_cast<std::uintptr_t>(weight.data());
+  const std::uintptr_t inside = (first + memory::detail::huge_page_bytes - 1) & ~(memory::detail::huge_page_bytes - 1);
+  const std::string flags = vm_flags(inside);
+  REQUIRE(!flags.empty());
+  CHECK_MESSAGE(flags.find(" hg ") != std::string::npos, flags);
 }
 
 }  // namespace core_memory_categories_test
