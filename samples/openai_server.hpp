@@ -67,6 +67,33 @@ inline void send_error(httplib::Response& res, const oa::ApiError& e) {
   res.set_content(dump(e.body()), "application/json");
 }
 
+// The paths this server answers with GET and with POST.
+inline const std::set<std::string>& get_paths() {
+  static const std::set<std::string> paths{"/health", "/version", "/metrics", "/v1/models"};
+  return paths;
+}
+inline const std::set<std::string>& post_paths() {
+  static const std::set<std::string> paths{"/v1/completions", "/v1/chat/completions"};
+  return paths;
+}
+
+// OpenAI's error JSON for `status` on `req`; a 404 on a path served with another method becomes
+// 405 with an Allow header.
+inline void send_status_error(const httplib::Request& req, httplib::Response& res, int status) {
+  const bool get = get_paths().contains(req.path), post = post_paths().contains(req.path);
+  if (status == 404 && (get || post)) {
+    status = 405;
+    res.set_header("Allow", get ? "GET" : "POST");
+  }
+  const std::string message = status == 404   ? "no route " + req.method + " " + req.path
+                              : status == 405 ? req.method + " is not allowed on " + req.path
+                              : status == 411 ? std::string("send the request body (JSON) with a Content-Length header")
+                              : status == 413 ? std::string("the request body is over the limit (16 MiB; 8 KiB as a form: send Content-Type: application/json)")
+                              : status == 400 ? std::string("malformed HTTP request")
+                                              : "HTTP " + std::to_string(status);
+  send_error(res, oa::ApiError(status, message));
+}
+
 inline std::string random_id(const char* prefix) {
   static thread_local std::mt19937_64 gen{std::random_device{}()};
   char buf[40];
@@ -171,6 +198,14 @@ class OpenAiServer {
         detail::send_error(res, oa::ApiError(411, "send the request body with a Content-Length, not Transfer-Encoding"));
         return httplib::Server::HandlerResponse::Handled;
       }
+      // A method httplib expects a body with, without a Content-Length: httplib would read the
+      // body until the client closes (unbounded) or its 5 s read timeout (then a 400), so the
+      // answer comes now: 411 on a POST path, else what the request gets with a body (404, 405).
+      const bool body_method = req.method == "POST" || req.method == "PUT" || req.method == "PATCH" || req.method == "DELETE";
+      if (body_method && !req.has_header("Content-Length")) {
+        detail::send_status_error(req, res, req.method == "POST" && detail::post_paths().contains(req.path) ? 411 : 404);
+        return httplib::Server::HandlerResponse::Handled;
+      }
       if (options_.api_key.empty() || !req.path.starts_with("/v1/")) return httplib::Server::HandlerResponse::Unhandled;
       if (req.get_header_value("Authorization") == "Bearer " + options_.api_key)
         return httplib::Server::HandlerResponse::Unhandled;
@@ -179,27 +214,9 @@ class OpenAiServer {
       return httplib::Server::HandlerResponse::Handled;
     });
     // Statuses httplib sets itself (an unknown path: 404; a body too large: 413; a malformed
-    // request line: 400) get OpenAI's error JSON too. httplib answers a POST, PUT or PATCH
-    // without a Content-Length with 400 before routing; its status here is the one the same
-    // request with a body gets (404 unknown path, 405 another method), or 411 on a POST path.
+    // request: 400) get OpenAI's error JSON too.
     server_.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
-      if (!res.body.empty()) return;
-      static const std::set<std::string> get_paths{"/health", "/version", "/metrics", "/v1/models"},
-          post_paths{"/v1/completions", "/v1/chat/completions"};
-      const bool body_method = req.method == "POST" || req.method == "PUT" || req.method == "PATCH";
-      if (res.status == 400 && body_method && !req.has_header("Content-Length"))
-        res.status = req.method == "POST" && post_paths.contains(req.path) ? 411 : 404;
-      if (res.status == 404 && (get_paths.contains(req.path) || post_paths.contains(req.path))) {
-        res.status = 405;
-        res.set_header("Allow", get_paths.contains(req.path) ? "GET" : "POST");
-      }
-      const std::string message = res.status == 404   ? "no route " + req.method + " " + req.path
-                                  : res.status == 405 ? req.method + " is not allowed on " + req.path
-                                  : res.status == 411 ? std::string("send the request body (JSON) with a Content-Length header")
-                                  : res.status == 413 ? std::string("the request body is over the limit (16 MiB; 8 KiB as a form: send Content-Type: application/json)")
-                                  : res.status == 400 ? std::string("malformed HTTP request")
-                                                      : "HTTP " + std::to_string(res.status);
-      detail::send_error(res, oa::ApiError(res.status, message));
+      if (res.body.empty()) detail::send_status_error(req, res, res.status);
     });
     server_.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
       detail::send_error(res, oa::ApiError(500, "internal error"));

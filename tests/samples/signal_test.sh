@@ -47,9 +47,8 @@ train --metrics-file "$work/full.jsonl" >/dev/null || fail "uninterrupted run"
 [ "$(wc -l <"$work/full.jsonl")" -eq $iters ] || fail "uninterrupted run: $(wc -l <"$work/full.jsonl") metrics lines"
 
 # --- SIGTERM at a random step ----------------------------------------------------------------
-# A step takes a few milliseconds, so on a fast machine the run can end all its steps before the
-# signal lands (exit 0, the tracker at the last step, no "SIGTERM received"): then it is repeated
-# (at most 5 times).
+# A step takes a few milliseconds, so on a fast machine the run can reach its last step before the
+# signal lands (exit 0, the tracker at the last step): then it is repeated (at most 5 times).
 for attempt in 1 2 3 4 5; do
   rm -rf "$work/ckpt" "$work/m.jsonl"
   k=$(shuf -i 3-25 -n 1)
@@ -59,7 +58,7 @@ for attempt in 1 2 3 4 5; do
   wait "$pid"
   rc=$?
   n=$(cat "$work/ckpt/latest_checkpointed_iteration.txt" 2>/dev/null)
-  [ "$rc" -eq 0 ] && [ "$n" = "$iters" ] && ! grep -q "SIGTERM received" "$work/out" || break
+  [ "$rc" -eq 0 ] && [ "$n" = "$iters" ] || break
   echo "SIGTERM attempt $attempt: the run ended its $iters steps before the signal at step $k: again"
 done
 if [ "$rc" -eq 0 ] && grep -q "SIGTERM received: stopped after iteration $n, saved to .*iter_0*$n" "$work/out" \

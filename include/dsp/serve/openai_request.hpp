@@ -284,7 +284,7 @@ inline void refuse_unsupported(const nlohmann::json& body, std::int64_t n) {
 // The sampling fields common to both endpoints.
 inline SamplingParams sampling(const nlohmann::json& body, ParsedRequest& r) {
   SamplingParams p;
-  p.temperature = 1.0f;  // OpenAI's and vLLM's default for an absent field (SamplingParams' own 0 is greedy)
+  p.temperature = 1.0f;  // OpenAI's default (vLLM's without generation_config defaults); SamplingParams' own 0 is greedy
   if (auto v = number(body, "temperature")) p.temperature = as_float("temperature", *v);
   if (auto v = number(body, "top_p")) p.top_p = as_float("top_p", *v);
   if (auto v = integer(body, "top_k")) p.top_k = *v;
