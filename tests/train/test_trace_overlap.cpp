@@ -66,10 +66,16 @@ Overlap traced_run(bool overlap) {
 }  // namespace
 
 TEST_CASE("the trace of a DP=2 run shows bucket all-reduces running during backward, only with overlap") {
-  const Overlap on = traced_run(true);
-  CHECK(on.backward_spans == 2 * 3);  // 2 ranks x 3 steps
-  CHECK(on.bucket_reductions >= 2 * 3 * 4);  // several buckets per rank and step
-  // At least one: on a busy machine a rank's worker may be descheduled until backward ended.
+  // At least one overlapped backward in one of up to 5 runs: a backward of this model takes
+  // well under a millisecond, and on a busy machine (CI's build beside the tests) a rank's worker
+  // can be descheduled until every backward of a run has ended (seen once, with a build running).
+  // Without overlap no run may show one.
+  Overlap on;
+  for (int run = 0; run < 5 && on.overlapped == 0; ++run) {
+    on = traced_run(true);
+    REQUIRE(on.backward_spans == 2 * 3);       // 2 ranks x 3 steps
+    REQUIRE(on.bucket_reductions >= 2 * 3 * 4);  // several buckets per rank and step
+  }
   CHECK(on.overlapped >= 1);
 
   const Overlap off = traced_run(false);
