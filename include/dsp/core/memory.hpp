@@ -104,10 +104,10 @@ inline constexpr std::size_t huge_page_bytes = std::size_t{2} << 20;
 
 /// Asks Linux to back the whole 2 MiB pages inside [p, p + bytes) with transparent huge pages
 /// (madvise MADV_HUGEPAGE), before their first touch: where the system's THP mode is
-/// "madvise" (Debian's default) memory is otherwise mapped in 4 KiB pages, and a weight matrix
-/// streamed once per decode step then loses ~30% of its read bandwidth to TLB misses and to
-/// hardware prefetchers that stop at every 4 KiB boundary (bench_serving_engine, 100 M model,
-/// batch 1). No memory beyond the block is claimed; blocks under two huge pages, other systems
+/// "madvise" (Debian's default) memory is otherwise mapped in 4 KiB pages, and weights streamed
+/// once per decode step are read more slowly (TLB misses; hardware prefetchers stop at every
+/// 4 KiB boundary): bench_serving_engine's 100 M model at batch 1 took 12.7 ms per step with
+/// huge pages against 15.2 ms without (means of 7 and 15 runs, benchmarks/RESULTS.md). No memory beyond the block is claimed; blocks under two huge pages, other systems
 /// and a kernel that refuses the advice are left as they are.
 inline void advise_huge_pages(void* p, std::size_t bytes) noexcept {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)

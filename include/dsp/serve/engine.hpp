@@ -495,13 +495,14 @@ class Engine {
   // Draws request r's next token from its logits row [vocab] and applies the stop rules.
   void sample(Request& r, std::span<const float> raw, std::vector<RequestOutput>& outputs) {
     const std::int64_t vocab = model_->config().vocab_size;
-    std::vector<float> penalised;  // the row with penalties applied, when the request has any
+    std::span<const float> row = raw;
+    std::vector<float> penalised;  // a copy only when the request has penalties to apply
     if (r.params.penalised()) {
       penalised.assign(raw.begin(), raw.end());
       apply_penalties(penalised, vocab, r.params, r.prompt, r.output);
+      row = penalised;
     }
-    const std::int32_t token = sample_token(r.params.penalised() ? std::span<const float>(penalised) : raw, vocab,
-                                            r.params, r.params.stream, static_cast<std::uint64_t>(r.output.size()));
+    const std::int32_t token = sample_token(row, vocab, r.params, r.params.stream, static_cast<std::uint64_t>(r.output.size()));
     RequestOutput* out = find_output(r, outputs);
     if (r.output.empty() && r.params.prompt_logits) {
       out->prompt_logits = Tensor::host_zeros({static_cast<std::int64_t>(r.prompt.size()), vocab});

@@ -1,10 +1,10 @@
 #pragma once
 // parallel_for: the host ops' own compute threads, for the kernels dsp writes itself (the
-// batch-invariant GEMM, paged attention, SwiGLU through parallel_for_rows); OpenBLAS keeps its own pool for its GEMMs. Each rank
-// thread owns a pool of threads_per_rank() - 1 helpers (core/threads.hpp: ranks x threads <=
-// cores), created on its first parallel call and joined when the rank thread ends. The caller
-// works too. Helpers spin briefly for the next job before they sleep, so the back-to-back
-// calls of a forward pass do not pay a wake-up each.
+// batch-invariant GEMM, paged attention, SwiGLU through parallel_for_rows); OpenBLAS keeps its
+// own pool for its GEMMs. Each rank thread owns a pool of threads_per_rank() - 1 helpers
+// (core/threads.hpp: ranks x threads <= cores), created on its first parallel call and joined
+// when the rank thread ends. The caller works too. Helpers spin briefly for the next job
+// before they sleep, so the back-to-back calls of a forward pass do not pay a wake-up each.
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>

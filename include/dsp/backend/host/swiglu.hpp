@@ -25,9 +25,8 @@ DSP_HOST_DEVICE inline SwigluGrad swiglu_grad(float g, float u, float d) {
 
 /// out [tokens, ffn] = silu(g) * u where gate_up [tokens, 2*ffn] holds g = gate_up[t, 0:ffn]
 /// and u = gate_up[t, ffn:2ffn] per row, silu(g) = g * sigmoid(g). Overwrites out (which must
-/// not alias gate_up: rows are written in any order). Rows are
-/// shared among the rank's threads (parallel_for_rows); each element is computed alone, so the
-/// result does not depend on the split.
+/// not alias gate_up: rows are written in any order). Rows are shared among the rank's threads
+/// (parallel_for_rows); each element is computed alone, so the result does not depend on the split.
 inline void swiglu_forward(Host h, const float* gate_up, std::int64_t tokens, std::int64_t ffn, float* out) {
   parallel_for_rows(h, tokens, ffn, [&](std::int64_t t0, std::int64_t t1) {
     for (std::int64_t t = t0; t < t1; ++t) {
